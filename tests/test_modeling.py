@@ -1,0 +1,144 @@
+"""RouterModel against the independent reference: parity, batching, truncation, empty input,
+checkpoint modes and the Hub loading path (ids, revisions, cache, offline)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import AGENTS, make_queries
+from reference_impl import ReferenceRouter
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+TOL = 1e-4
+QUERIES = make_queries(32, seed=7)
+
+
+@pytest.fixture(scope="module")
+def references(converted, backbone_dir):
+    return {h: ReferenceRouter(str(backbone_dir), theta, AGENTS, h) for h, (_, theta) in converted.items()}
+
+
+def package_logits(model, tokenizer, texts, **tok_kwargs) -> np.ndarray:
+    with torch.inference_mode():
+        enc = tokenizer(texts, return_tensors="pt", padding=True, **tok_kwargs)
+        return model(**enc).logits.numpy()
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+@pytest.mark.parametrize("auto_class", [AutoModel, AutoModelForSequenceClassification])
+def test_auto_class_parity_per_query_and_batch16(converted, references, auto_class, hidden):
+    folder, _ = converted[hidden]
+    ref = references[hidden]
+    model = auto_class.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert type(model).__name__ == "RouterModel"
+    assert not model.training and not any(p.requires_grad for p in model.backbone.parameters())
+
+    per_query_ref = np.stack([ref.pick_agent(q)["logits"] for q in QUERIES])
+    per_query = np.concatenate([package_logits(model, tokenizer, [q]) for q in QUERIES])
+    assert np.abs(per_query - per_query_ref).max() <= TOL
+    assert (per_query.argmax(1) == per_query_ref.argmax(1)).all()
+
+    batch_ref = ref.batch_logits(QUERIES, batch_size=16)
+    batch = np.concatenate([package_logits(model, tokenizer, QUERIES[i:i + 16]) for i in (0, 16)])
+    assert np.abs(batch - batch_ref).max() <= TOL
+    assert (batch.argmax(1) == batch_ref.argmax(1)).all()
+    # the picks are not all the same agent, so agreement is not trivial
+    assert len(set(batch_ref.argmax(1))) > 1
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_pipeline_parity(converted, references, hidden):
+    folder, _ = converted[hidden]
+    ref = references[hidden]
+    router = pipeline("text-classification", model=str(folder), trust_remote_code=True)
+    results = router(QUERIES, top_k=None, batch_size=4)
+    for query, scores in zip(QUERIES, results):
+        ref_logits = ref.pick_agent(query)["logits"]
+        probs = {s["label"]: s["score"] for s in scores}
+        ref_probs = np.exp(ref_logits - ref_logits.max())
+        ref_probs /= ref_probs.sum()
+        assert max(abs(probs[a] - ref_probs[i]) for i, a in enumerate(AGENTS)) <= TOL
+        assert scores[0]["label"] == AGENTS[int(ref_logits.argmax())]
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_logits_do_not_depend_on_batch_neighbours_or_padding_side(converted, padding_side):
+    folder, _ = converted[0]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = padding_side
+    alone = np.concatenate([package_logits(model, tokenizer, [q]) for q in QUERIES[:8]])
+    batched = package_logits(model, tokenizer, QUERIES[:8])
+    reordered = package_logits(model, tokenizer, QUERIES[:8][::-1])[::-1]
+    assert np.abs(batched - alone).max() <= TOL
+    assert np.abs(reordered - alone).max() <= TOL
+
+
+def test_long_query_gets_the_truncated_reference_pick(converted, references):
+    folder, _ = converted[0]
+    ref = references[0]
+    long_query = " ".join(QUERIES) * 4
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert len(tokenizer(long_query)["input_ids"]) > 1024 + 100
+    ref_logits = ref.pick_agent(long_query)["logits"]  # the reference truncates to 1,024 tokens
+
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    untruncated = package_logits(model, tokenizer, [long_query])  # model-side truncation
+    assert np.abs(untruncated[0] - ref_logits).max() <= TOL
+    # left-padded next to a short query: each row keeps its own first 1,024 tokens
+    tokenizer.padding_side = "left"
+    mixed = package_logits(model, tokenizer, [QUERIES[0], long_query])
+    assert np.abs(mixed[1] - ref_logits).max() <= TOL
+    assert np.abs(mixed[0] - ref.pick_agent(QUERIES[0])["logits"]).max() <= TOL
+
+    router = pipeline("text-classification", model=str(folder), trust_remote_code=True)
+    assert router(long_query)[0]["label"] == AGENTS[int(ref_logits.argmax())]
+
+
+def test_empty_query_raises_a_clear_value_error(converted):
+    folder, _ = converted[0]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with pytest.raises(ValueError, match="no tokens"):
+        package_logits(model, tokenizer, [QUERIES[0], ""])
+    router = pipeline("text-classification", model=str(folder), trust_remote_code=True)
+    with pytest.raises(ValueError, match="no tokens"):
+        router("")
+
+
+def test_head_only_checkpoint_holds_only_the_head(converted):
+    folder, theta = converted[0]
+    state = load_file(folder / "model.safetensors")
+    assert sorted(state) == ["head.bias", "head.weight"]
+    assert sum(t.numel() for t in state.values()) == theta.size == 32 * 5 + 5
+    config = json.loads((folder / "config.json").read_text())
+    assert config["bundled_backbone"] is False
+    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForSequenceClassification"}
+    assert [config["id2label"][str(i)] for i in range(5)] == AGENTS
+
+
+@pytest.mark.parametrize("bundled", [False, True])
+def test_save_pretrained_round_trip(converted, references, tmp_path, bundled):
+    folder, _ = converted[8]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    model.config.bundled_backbone = bundled
+    model.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path)
+    keys = load_file(tmp_path / "model.safetensors").keys()
+    assert any(k.startswith("backbone.") for k in keys) == bundled
+    assert (tmp_path / "modeling_router.py").exists() and (tmp_path / "configuration_router.py").exists()
+    saved_config = json.loads((tmp_path / "config.json").read_text())
+    assert set(saved_config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForSequenceClassification"}
+    if bundled:  # self-contained: no backbone source needed
+        saved_config["backbone_name_or_path"] = "nowhere/does-not-exist"
+        (tmp_path / "config.json").write_text(json.dumps(saved_config))
+
+    reloaded = AutoModel.from_pretrained(tmp_path, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    ref_logits = references[8].batch_logits(QUERIES[:16])
+    assert np.abs(package_logits(reloaded, tokenizer, QUERIES[:16]) - ref_logits).max() <= TOL
