@@ -11,9 +11,7 @@ pipeline. Every input is validated before anything is written; on error nothing 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 import shutil
 import sys
 from collections.abc import Sequence
@@ -218,7 +216,9 @@ def load_backbone_parts(backbone: str, revision: str | None) -> tuple[Any, Any]:
     return backbone_config, tokenizer
 
 
-def convert(args: argparse.Namespace) -> Path:
+def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
+    """Validate, then write the Hub folder. load_from: where to read the backbone's config, tokenizer
+    (and weights when bundling) if not from the recorded id itself, e.g. a local copy of it."""
     manifest = validate_manifest(read_json(args.manifest, "manifest"), args.manifest)
     agents = manifest["agent_order"]
     dim, hidden = manifest["embedding_dim"], manifest["head_hidden_dim"]
@@ -227,7 +227,7 @@ def convert(args: argparse.Namespace) -> Path:
     if not backbone:
         raise UsageError(f"manifest {args.manifest} names no backbone_model; pass --backbone ID_OR_PATH.")
 
-    backbone_config, tokenizer = load_backbone_parts(backbone, args.backbone_revision)
+    backbone_config, tokenizer = load_backbone_parts(load_from or backbone, args.backbone_revision)
     if backbone_config.hidden_size != dim:
         raise UsageError(
             f"backbone '{backbone}' has hidden size {backbone_config.hidden_size} but the head expects "
@@ -258,7 +258,7 @@ def convert(args: argparse.Namespace) -> Path:
     with staging_dir(args.output_dir) as staging:
         state = theta_to_state_dict(theta, dim, len(agents), hidden)
         if args.bundle_backbone:
-            save_bundled(config, state, backbone, args.backbone_revision, staging)
+            save_bundled(config, state, load_from or backbone, args.backbone_revision, staging)
         else:
             from safetensors.torch import save_file
 

@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import AGENTS, make_queries
-from reference_impl import ReferenceRouter
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+from conftest import AGENTS, make_queries
+from reference_impl import ReferenceRouter
 
 TOL = 1e-4
 QUERIES = make_queries(32, seed=7)

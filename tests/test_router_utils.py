@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from conftest import AGENTS, make_queries
 from reference_impl import ReferenceRouter
-
 from router_utils import backbone_router, head_logits, load_router, run_router, theta_to_state_dict
 
 QUERIES = make_queries(40, seed=11)
