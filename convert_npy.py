@@ -74,6 +74,12 @@ def validate_manifest(manifest: Any, path: Path) -> dict[str, Any]:
 def load_theta(path: Path, expected_size: int, manifest: dict[str, Any]) -> np.ndarray:
     """The flat head vector, refusing anything that is not a finite float vector of the right size."""
     try:
+        with open(path, "rb") as handle:
+            magic = handle.read(6)
+        if magic.startswith(b"PK"):
+            raise UsageError(f"{path} is an .npz archive; pass the single flat vector head_weights.npy.")
+        if magic != b"\x93NUMPY":  # checked first: numpy reports any non-.npy file as "pickled data"
+            raise UsageError(f"{path} is not a readable .npy file (no NumPy header); pass head_weights.npy.")
         theta = np.load(path, allow_pickle=False)  # a pickled .npy is refused here, never executed
     except FileNotFoundError:
         raise UsageError(f"weights file not found: {path}") from None
@@ -83,8 +89,6 @@ def load_theta(path: Path, expected_size: int, manifest: dict[str, Any]) -> np.n
         raise UsageError(f"{path} is not a readable .npy file ({err}).") from None
     except OSError as err:
         raise UsageError(f"{path} is not a readable .npy file ({err}).") from None
-    if not isinstance(theta, np.ndarray):
-        raise UsageError(f"{path} is an .npz archive; pass the single flat vector head_weights.npy.")
     if theta.ndim != 1:
         raise UsageError(f"{path} has shape {theta.shape}; the head must be one flat 1-D vector (REFERENCE.md layout).")
     if not np.issubdtype(theta.dtype, np.floating):

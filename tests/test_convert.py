@@ -1,0 +1,188 @@
+"""convert_npy.py as users run it: the output folder, both checkpoint modes, every bad artifact,
+and the Hub upload at the huggingface_hub boundary."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import AGENTS, build_backbone, make_queries, run_tool, write_release
+from reference_impl import ReferenceRouter
+from safetensors.torch import load_file
+from transformers import AutoConfig, pipeline
+
+
+def convert_args(manifest: Path, weights: Path, out: Path, backbone: Path, *extra: str) -> list[str]:
+    return ["--manifest", manifest, "--weights", weights, "--output-dir", out, "--backbone", backbone, *extra]
+
+
+def test_output_folder_is_a_complete_hub_repo(converted):
+    folder, _ = converted[0]
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "configuration_router.py", "modeling_router.py", "README.md",
+            "tokenizer.json", "tokenizer_config.json"} <= names
+    card = (folder / "README.md").read_text()
+    header = card.split("---")[1]
+    for line in ("library_name: transformers", "pipeline_tag: text-classification", "base_model:", "license:", "tags:"):
+        assert line in header
+    for agent in AGENTS:
+        assert f"`{agent}`" in card
+    assert "0.6667" in card and "Limitations" in card  # figures from the manifest, and the limits
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".router-0.tmp")]  # staging cleaned up
+
+
+def test_cli_round_trip_records_backbone_and_revision(tmp_path, backbone_dir):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=5)
+    out = tmp_path / "hub-folder"
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--backbone-revision", "v1.0"))
+    assert result.returncode == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["backbone_name_or_path"] == str(backbone_dir)
+    assert config["backbone_revision"] == "v1.0"
+    assert config["text_config"]["model_type"] == "qwen3" and config["text_config"]["hidden_size"] == 32
+    assert config["training"]["test_reward"] == 0.7 and config["truncation_length"] == 1024
+
+
+def test_real_geometry_head_has_10245_values(tmp_path, tokenizer_dir):
+    """A Qwen3-1.7B-sized head (2048 x 5 + 5) converts to exactly its 10,245 values; the head-only
+    conversion needs the backbone's config and tokenizer, never its weights."""
+    from transformers import Qwen3Config
+
+    backbone = tmp_path / "qwen3-geometry"
+    Qwen3Config(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                rms_norm_eps=1e-6, rope_theta=1_000_000.0).save_pretrained(backbone)
+    for item in tokenizer_dir.iterdir():
+        (backbone / item.name).write_bytes(item.read_bytes())
+    manifest, weights = write_release(tmp_path / "release", 2048, seed=1)
+    out = tmp_path / "out"
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone))
+    assert result.returncode == 0, result.stderr
+    state = load_file(out / "model.safetensors")
+    assert sum(t.numel() for t in state.values()) == 10_245
+    assert state["head.weight"].shape == (5, 2048)
+    theta = np.load(weights)
+    assert np.allclose(state["head.weight"].numpy(), theta[: 2048 * 5].reshape(2048, 5).T.astype(np.float32))
+    assert "10,245" in (out / "README.md").read_text()
+
+
+def test_bundled_checkpoint_loads_without_the_backbone_repo(tmp_path, tokenizer_dir):
+    backbone = build_backbone(tmp_path / "backbone", tokenizer_dir, seed=3)
+    manifest, weights = write_release(tmp_path / "release", 32, head_hidden_dim=4, seed=2)
+    out = tmp_path / "bundled"
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone, "--bundle-backbone"))
+    assert result.returncode == 0, result.stderr
+    assert any(k.startswith("backbone.") for k in load_file(out / "model.safetensors"))
+    reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS, 4)
+    queries = make_queries(6, seed=4)
+    expected = [AGENTS[int(reference.pick_agent(q)["logits"].argmax())] for q in queries]
+    for item in backbone.iterdir():  # the backbone repo is gone: the bundle must stand alone
+        item.unlink()
+    router = pipeline("text-classification", model=str(out), trust_remote_code=True)
+    assert [r["label"] for r in router(queries)] == expected
+
+
+def pickled_object_array(path: Path, marker: Path) -> None:
+    """An .npy whose object array runs code when unpickled (it would create marker)."""
+
+    class Exploit:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    array = np.empty(10245, dtype=object)
+    array[0] = Exploit()
+    with open(path, "wb") as handle:
+        np.lib.format.write_array(handle, array, allow_pickle=True)
+    assert pickle.dumps(array)  # sanity: it really is a pickle payload
+
+
+BAD_CASES = {
+    "wrong length": ("weights", lambda w: np.save(w, np.zeros(100)), "holds 100 values"),
+    "nan": ("weights", lambda w: np.save(w, np.full(32 * 5 + 5, np.nan)), "NaN"),
+    "2-d": ("weights", lambda w: np.save(w, np.zeros((5, 33))), "flat 1-D"),
+    "int dtype": ("weights", lambda w: np.save(w, np.zeros(32 * 5 + 5, dtype=np.int64)), "float"),
+    "missing weights": ("weights", lambda w: w.unlink(), "not found"),
+    "not npy": ("weights", lambda w: w.write_text("hello"), "not a readable .npy"),
+    "dim mismatch": ("release", lambda folder: write_release(folder, 64, seed=0), "hidden size 32"),
+    "duplicate agents": ("manifest", lambda m: m.update(agent_order=["a", "b", "a", "c", "d"]), "repeats ['a']"),
+    "empty agents": ("manifest", lambda m: m.update(agent_order=[]), "non-empty list"),
+    "blank agent": ("manifest", lambda m: m.update(agent_order=["a", "", "c", "d", "e"]), "non-empty string"),
+    "negative hidden": ("manifest", lambda m: m.update(head_hidden_dim=-3), "head_hidden_dim must be an integer >= 0"),
+    "no agent_order": ("manifest", lambda m: m.pop("agent_order"), "has no 'agent_order'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_artifacts_fail_with_one_line_and_write_nothing(tmp_path, backbone_dir, case):
+    target, corrupt, message = BAD_CASES[case]
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    if target == "weights":
+        corrupt(weights)
+    elif target == "release":  # a self-consistent release that does not fit the backbone
+        corrupt(manifest.parent)
+    else:
+        data = json.loads(manifest.read_text())
+        corrupt(data)
+        manifest.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["release"]  # no staging folder left either
+
+
+def test_pickled_npy_is_refused_and_never_executed(tmp_path, backbone_dir):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    marker = tmp_path / "pwned"
+    pickled_object_array(weights, marker)
+    out = tmp_path / "out"
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    assert result.returncode == 2 and "pickled" in result.stderr
+    assert not marker.exists() and not out.exists()
+
+
+def test_existing_output_dir_is_untouched_on_failure(tmp_path, backbone_dir):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    np.save(weights, np.zeros(7))
+    assert run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir)).returncode == 2
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_unreachable_backbone_is_one_line(tmp_path):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", "nobody/no-such-model"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "cannot load the backbone 'nobody/no-such-model'" in result.stderr
+
+
+def test_push_to_hub_uploads_the_folder(tmp_path, backbone_dir, monkeypatch):
+    """No network here: record what reaches huggingface_hub's HfApi, the boundary of our code."""
+    import huggingface_hub
+
+    import convert_npy
+
+    calls = []
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(("create", repo_id, kw)))
+
+    def upload_folder(self, *, folder_path, repo_id, **kw):
+        calls.append(("upload", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+        return "https://huggingface.co/commit/abc"
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    out = tmp_path / "out"
+    assert convert_npy.main([str(a) for a in convert_args(manifest, weights, out, backbone_dir,
+                                                          "--push-to-hub", "me/my-router")]) == 0
+    assert calls[0][0] == "create" and calls[0][1] == "me/my-router" and calls[0][2]["exist_ok"]
+    assert calls[1][0] == "upload" and calls[1][1] == "me/my-router"
+    assert {"config.json", "model.safetensors", "modeling_router.py", "README.md"} <= set(calls[1][2])
+    assert AutoConfig.from_pretrained(out, trust_remote_code=True).model_type == "benchgen_router"
