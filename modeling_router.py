@@ -219,9 +219,15 @@ class RouterModel(PreTrainedModel):
         text_config = config.text_config
         if attn_implementation is not None:
             text_config._attn_implementation = attn_implementation
-        backbone = AutoModel.from_pretrained(
-            str(source), config=text_config, revision=revision, dtype=dtype, **kwargs
-        )
+        try:
+            backbone = AutoModel.from_pretrained(
+                str(source), config=text_config, revision=revision, dtype=dtype, **kwargs
+            )
+        except Exception as err:  # transformers 4.x reports a missing offline checkpoint as AttributeError
+            raise OSError(
+                f"Cannot load this router's backbone '{source}' (revision {revision or 'main'}): {err} -- make it "
+                "reachable (network or Hub cache) or pass backbone_name_or_path=<local folder>."
+            ) from err
 
         head_file = cached_file(pretrained_model_name_or_path, WEIGHTS_NAME, **router_kwargs)
         state = load_file(head_file)
