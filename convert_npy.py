@@ -35,13 +35,17 @@ logger = logging.getLogger("benchgen_router.convert")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--manifest", required=True, type=Path, help="manifest.json written by the trainer")
     parser.add_argument("--weights", required=True, type=Path, help="head_weights.npy: flat float vector theta")
     parser.add_argument("--output-dir", required=True, type=Path, help="folder to write the Hub repo into")
     parser.add_argument("--backbone", help="backbone Hub id or local folder (default: manifest's backbone_model)")
     parser.add_argument("--backbone-revision", help="pin the backbone to this revision (branch, tag or commit)")
-    parser.add_argument("--bundle-backbone", action="store_true", help="store the backbone's weights in model.safetensors too")
+    parser.add_argument(
+        "--bundle-backbone", action="store_true", help="store the backbone's weights in model.safetensors too"
+    )
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the folder to this Hub model repo")
     return parser.parse_args(argv)
 
@@ -85,7 +89,9 @@ def load_theta(path: Path, expected_size: int, manifest: dict[str, Any]) -> np.n
         raise UsageError(f"weights file not found: {path}") from None
     except ValueError as err:
         if "allow_pickle" in str(err):
-            raise UsageError(f"{path} holds pickled Python objects; it must be a plain float .npy (np.save of a float array).") from None
+            raise UsageError(
+                f"{path} holds pickled Python objects; it must be a plain float .npy (np.save of a float array)."
+            ) from None
         raise UsageError(f"{path} is not a readable .npy file ({err}).") from None
     except OSError as err:
         raise UsageError(f"{path} is not a readable .npy file ({err}).") from None
@@ -113,8 +119,10 @@ def model_card(config: Any, manifest: dict[str, Any], backbone: str, revision: s
     """README.md with Hub metadata and what a user needs to know before routing with it."""
     agents = config.agent_order
     baselines = manifest.get("baselines") or {}
-    head = "linear (logits = embedding @ W + b)" if config.head_hidden_dim == 0 else (
-        f"MLP (tanh hidden layer of {config.head_hidden_dim})"
+    head = (
+        "linear (logits = embedding @ W + b)"
+        if config.head_hidden_dim == 0
+        else (f"MLP (tanh hidden layer of {config.head_hidden_dim})")
     )
     n_params = head_param_count(config.embedding_dim, len(agents), config.head_hidden_dim)
 
@@ -156,7 +164,7 @@ tags:
 - cma-es
 ---
 
-# {manifest.get('model_id', 'BenchGen Router Lite')}
+# {manifest.get("model_id", "BenchGen Router Lite")}
 
 A router, not a chat model: a frozen `{backbone}` backbone embeds a query (masked mean of the last
 hidden state, {config.embedding_dim}-d), a tiny head scores the {len(agents)} agents of a pool, and the
@@ -241,9 +249,22 @@ def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
     from configuration_router import RouterConfig
     from modeling_router import AUTO_MAP, CODE_FILES
 
-    provenance_keys = ("model_id", "backbone_model", "rewards_dataset", "n_head_params", "n_total", "n_train",
-                       "n_test", "train_reward", "test_reward", "baselines", "beats_best_fixed_agent",
-                       "cma_generations_run", "duration_seconds", "cross_validation")
+    provenance_keys = (
+        "model_id",
+        "backbone_model",
+        "rewards_dataset",
+        "n_head_params",
+        "n_total",
+        "n_train",
+        "n_test",
+        "train_reward",
+        "test_reward",
+        "baselines",
+        "beats_best_fixed_agent",
+        "cma_generations_run",
+        "duration_seconds",
+        "cross_validation",
+    )
     config = RouterConfig(
         text_config=backbone_config,
         backbone_name_or_path=backbone,
@@ -298,8 +319,12 @@ def push_to_hub(folder: Path, repo_id: str) -> str:
 
     api = HfApi()
     api.create_repo(repo_id, repo_type="model", exist_ok=True)
-    commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
-                               commit_message="Upload BenchGen router (convert_npy.py)")
+    commit = api.upload_folder(
+        folder_path=str(folder),
+        repo_id=repo_id,
+        repo_type="model",
+        commit_message="Upload BenchGen router (convert_npy.py)",
+    )
     logger.info("pushed %s to %s", folder, repo_id)
     return str(commit)
 

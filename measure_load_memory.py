@@ -54,9 +54,19 @@ def build_synthetic_backbone(folder: Path, layers: int, vocab: int) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
 
-    config = Qwen3Config(hidden_size=2048, intermediate_size=6144, num_hidden_layers=layers, num_attention_heads=16,
-                         num_key_value_heads=8, head_dim=128, vocab_size=vocab, tie_word_embeddings=True,
-                         rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=40960)
+    config = Qwen3Config(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+    )
     torch.manual_seed(0)
     with torch.device("cpu"):
         Qwen3Model(config).save_pretrained(folder)
@@ -74,8 +84,16 @@ def convert_random_head(backbone: Path, out: Path, bundle: bool) -> None:
     manifest = {"agent_order": AGENTS, "embedding_dim": 2048, "head_hidden_dim": 0, "backbone_model": str(backbone)}
     (release / "manifest.json").write_text(json.dumps(manifest))
     np.save(release / "head_weights.npy", np.random.default_rng(0).normal(size=2048 * 5 + 5))
-    args = [sys.executable, str(PROJECT_ROOT / "convert_npy.py"), "--manifest", str(release / "manifest.json"),
-            "--weights", str(release / "head_weights.npy"), "--output-dir", str(out)]
+    args = [
+        sys.executable,
+        str(PROJECT_ROOT / "convert_npy.py"),
+        "--manifest",
+        str(release / "manifest.json"),
+        "--weights",
+        str(release / "head_weights.npy"),
+        "--output-dir",
+        str(out),
+    ]
     subprocess.run(args + (["--bundle-backbone"] if bundle else []), check=True, capture_output=True)
 
 
@@ -108,14 +126,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results))
         return 0
-    print(f"Qwen3-1.7B geometry, {args.layers} layers, vocab {args.vocab:,}; own peak RSS "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB while building")
-    print("| checkpoint | backbone weights | peak RSS increase: from_pretrained | + forward, all weights read | ratio |")
+    print(
+        f"Qwen3-1.7B geometry, {args.layers} layers, vocab {args.vocab:,}; own peak RSS "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB while building"
+    )
+    print(
+        "| checkpoint | backbone weights | peak RSS increase: from_pretrained | + forward, all weights read | ratio |"
+    )
     print("| --- | ---: | ---: | ---: | ---: |")
     for mode, figures in results.items():
-        print(f"| {mode} | {figures['backbone_bytes'] / 2**30:.2f} GiB ({figures['dtype']}) | "
-              f"{figures['load_increase_bytes'] / 2**30:.2f} GiB | {figures['increase_bytes'] / 2**30:.2f} GiB | "
-              f"{figures['ratio']:.2f} |")
+        print(
+            f"| {mode} | {figures['backbone_bytes'] / 2**30:.2f} GiB ({figures['dtype']}) | "
+            f"{figures['load_increase_bytes'] / 2**30:.2f} GiB | {figures['increase_bytes'] / 2**30:.2f} GiB | "
+            f"{figures['ratio']:.2f} |"
+        )
     return 0
 
 

@@ -36,8 +36,15 @@ AUTO_MAP = {
 }
 # from_pretrained() arguments that describe the router repository, not the backbone's.
 _ROUTER_ONLY_KWARGS = (
-    "revision", "subfolder", "trust_remote_code", "code_revision", "_from_auto", "_from_pipeline",
-    "_commit_hash", "adapter_kwargs", "output_loading_info",
+    "revision",
+    "subfolder",
+    "trust_remote_code",
+    "code_revision",
+    "_from_auto",
+    "_from_pipeline",
+    "_commit_hash",
+    "adapter_kwargs",
+    "output_loading_info",
 )
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "token")
 

@@ -51,7 +51,10 @@ def head_param_count(embedding_dim: int, num_agents: int, hidden_dim: int) -> in
 
 
 def unflatten_theta(theta: np.ndarray, embedding_dim: int, num_agents: int, hidden_dim: int) -> list[np.ndarray]:
-    """Split theta into [W, b] (linear) or [W1, b1, W2, b2] (MLP), each W as (in, out), in order."""
+    """Split theta (..., n_params) into [W, b] (linear) or [W1, b1, W2, b2] (MLP), each W as (in, out).
+
+    Leading dimensions are kept, so a whole CMA-ES population unflattens in one call.
+    """
     if hidden_dim == 0:
         shapes = [(embedding_dim, num_agents), (num_agents,)]
     else:
@@ -59,7 +62,7 @@ def unflatten_theta(theta: np.ndarray, embedding_dim: int, num_agents: int, hidd
     parts, start = [], 0
     for shape in shapes:
         size = int(np.prod(shape))
-        parts.append(theta[start : start + size].reshape(shape))
+        parts.append(theta[..., start : start + size].reshape(*theta.shape[:-1], *shape))
         start += size
     return parts
 
@@ -69,20 +72,20 @@ def theta_to_state_dict(theta: np.ndarray, embedding_dim: int, num_agents: int, 
     import torch
 
     parts = unflatten_theta(theta, embedding_dim, num_agents, hidden_dim)
-    names = ["head.weight", "head.bias"] if hidden_dim == 0 else [
-        "head.0.weight", "head.0.bias", "head.2.weight", "head.2.bias"
-    ]
+    names = (
+        ["head.weight", "head.bias"]
+        if hidden_dim == 0
+        else ["head.0.weight", "head.0.bias", "head.2.weight", "head.2.bias"]
+    )
     return {
         name: torch.from_numpy(np.ascontiguousarray(part.T if part.ndim == 2 else part, dtype=np.float32))
-        for name, part in zip(names, parts)
+        for name, part in zip(names, parts, strict=True)
     }
 
 
 def head_logits(thetas: np.ndarray, embeddings: np.ndarray, num_agents: int, hidden_dim: int) -> np.ndarray:
     """Logits of many candidate heads at once: thetas (P, n_params), embeddings (Q, D) -> (P, Q, N)."""
-    thetas = np.atleast_2d(thetas)
-    dim = embeddings.shape[1]
-    parts = [np.stack(p) for p in zip(*(unflatten_theta(t, dim, num_agents, hidden_dim) for t in thetas))]
+    parts = unflatten_theta(np.atleast_2d(thetas), embeddings.shape[1], num_agents, hidden_dim)
     if hidden_dim == 0:
         weight, bias = parts
         return np.einsum("qd,pdn->pqn", embeddings, weight) + bias[:, None, :]
@@ -188,8 +191,13 @@ def resolve_dtype(dtype: str | None) -> Any:
     return getattr(torch, dtype)
 
 
-def load_router(model: str | os.PathLike | None = None, device: str = "cpu", dtype: str | None = None,
-                backbone: str | None = None, revision: str | None = None) -> tuple[Any, Any]:
+def load_router(
+    model: str | os.PathLike | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    backbone: str | None = None,
+    revision: str | None = None,
+) -> tuple[Any, Any]:
     """(RouterModel, tokenizer) from a converted folder or Hub id; None means the default router."""
     from transformers import AutoModel, AutoTokenizer
 
@@ -203,15 +211,23 @@ def load_router(model: str | os.PathLike | None = None, device: str = "cpu", dty
         tokenizer = AutoTokenizer.from_pretrained(str(model), revision=revision)
     except (OSError, ValueError) as err:
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UsageError(f"cannot load router '{model}' ({first_line}); pass --model with a converted router folder or Hub id.") from None
+        raise UsageError(
+            f"cannot load router '{model}' ({first_line}); pass --model with a converted router folder or Hub id."
+        ) from None
     if getattr(router.config, "model_type", None) != "benchgen_router":
         raise UsageError(f"'{model}' is not a BenchGen router (model_type {router.config.model_type!r}).")
     return router.to(device), tokenizer
 
 
-def backbone_router(backbone: str, agents: Sequence[str], head_hidden_dim: int = 0, revision: str | None = None,
-                    device: str = "cpu", dtype: str | None = "float32",
-                    truncation_length: int = REFERENCE_MAX_LENGTH) -> tuple[Any, Any]:
+def backbone_router(
+    backbone: str,
+    agents: Sequence[str],
+    head_hidden_dim: int = 0,
+    revision: str | None = None,
+    device: str = "cpu",
+    dtype: str | None = "float32",
+    truncation_length: int = REFERENCE_MAX_LENGTH,
+) -> tuple[Any, Any]:
     """A RouterModel with an untrained head around a backbone: the trainer embeds with this, so
     training and serving run the same model code."""
     import torch
@@ -223,23 +239,41 @@ def backbone_router(backbone: str, agents: Sequence[str], head_hidden_dim: int =
     try:
         text_config = AutoConfig.from_pretrained(backbone, revision=revision)
         tokenizer = AutoTokenizer.from_pretrained(backbone, revision=revision)
-        weights = AutoModel.from_pretrained(backbone, revision=revision, config=text_config,
-                                            dtype=resolve_dtype(dtype) if dtype not in (None, "auto") else torch.float32)
+        weights = AutoModel.from_pretrained(
+            backbone,
+            revision=revision,
+            config=text_config,
+            dtype=resolve_dtype(dtype) if dtype not in (None, "auto") else torch.float32,
+        )
     except (OSError, ValueError) as err:
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UsageError(f"cannot load backbone '{backbone}' ({first_line}); pass a local folder or a reachable Hub id.") from None
+        raise UsageError(
+            f"cannot load backbone '{backbone}' ({first_line}); pass a local folder or a reachable Hub id."
+        ) from None
     limit = getattr(text_config, "max_position_embeddings", None)
     if limit is not None and truncation_length > limit:
         logger.info("truncating queries to %d tokens: the backbone's position limit", limit)
         truncation_length = limit
-    config = RouterConfig(text_config=text_config, backbone_name_or_path=backbone, backbone_revision=revision,
-                          head_hidden_dim=head_hidden_dim, truncation_length=truncation_length,
-                          id2label=dict(enumerate(agents)), label2id={a: i for i, a in enumerate(agents)})
+    config = RouterConfig(
+        text_config=text_config,
+        backbone_name_or_path=backbone,
+        backbone_revision=revision,
+        head_hidden_dim=head_hidden_dim,
+        truncation_length=truncation_length,
+        id2label=dict(enumerate(agents)),
+        label2id={a: i for i, a in enumerate(agents)},
+    )
     return RouterModel(config, backbone=weights).to(device).eval(), tokenizer
 
 
-def run_router(model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int = 16,
-               progress: bool = False, desc: str = "routing") -> tuple[np.ndarray, np.ndarray]:
+def run_router(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    batch_size: int = 16,
+    progress: bool = False,
+    desc: str = "routing",
+) -> tuple[np.ndarray, np.ndarray]:
     """(logits, embeddings) for texts, in input order, as float32 numpy arrays.
 
     Texts are batched by token length (longest first), so a batch pads little and each query's
@@ -258,7 +292,7 @@ def run_router(model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int
     with torch.inference_mode(), tqdm(total=len(texts), desc=desc, unit="q", disable=not progress) as bar:
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            features = [{key: encoded[key][i] for key in encoded.keys()} for i in rows]
+            features = [{key: encoded[key][i] for key in encoded} for i in rows]
             batch = tokenizer.pad(features, padding=True, return_tensors="pt").to(device)
             output = model(**batch)
             logits[rows] = output.logits.float().cpu().numpy()

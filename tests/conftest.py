@@ -27,8 +27,24 @@ PILOT = SHARED / "benchgen-pilot"
 AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-SUBJECTS = ["derivative", "integral", "prime", "triangle", "photosynthesis", "treaty", "enzyme", "matrix",
-            "probability", "volcano", "sonnet", "algorithm", "inflation", "glacier", "vaccine", "orbit"]
+SUBJECTS = [
+    "derivative",
+    "integral",
+    "prime",
+    "triangle",
+    "photosynthesis",
+    "treaty",
+    "enzyme",
+    "matrix",
+    "probability",
+    "volcano",
+    "sonnet",
+    "algorithm",
+    "inflation",
+    "glacier",
+    "vaccine",
+    "orbit",
+]
 VERBS = ["Explain", "Compute", "Prove", "Describe", "Estimate", "Compare", "Summarise", "Find"]
 
 
@@ -52,22 +68,38 @@ def build_tokenizer(folder: Path) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(make_queries(400, seed=123), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|endoftext|>")
     fast.save_pretrained(folder)
 
 
-def build_backbone(folder: Path, tokenizer_dir: Path, hidden_size: int = 32, layers: int = 2, seed: int = 0,
-                   **overrides) -> Path:
+def build_backbone(
+    folder: Path, tokenizer_dir: Path, hidden_size: int = 32, layers: int = 2, seed: int = 0, **overrides
+) -> Path:
     """A tiny random Qwen3Model saved with the tokenizer, like a backbone repo on the Hub."""
     from transformers import Qwen3Config, Qwen3Model
 
-    config = Qwen3Config(vocab_size=320, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=hidden_size // 4, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                         rope_theta=1_000_000.0, tie_word_embeddings=True, pad_token_id=0, **overrides)
+    config = Qwen3Config(
+        vocab_size=320,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        **overrides,
+    )
     torch.manual_seed(seed)
     Qwen3Model(config).eval().save_pretrained(folder)
     for item in tokenizer_dir.iterdir():
@@ -75,22 +107,43 @@ def build_backbone(folder: Path, tokenizer_dir: Path, hidden_size: int = 32, lay
     return folder
 
 
-def write_release(folder: Path, embedding_dim: int, head_hidden_dim: int = 0, seed: int = 0,
-                  backbone: str = "Qwen/Qwen3-1.7B", agents: list[str] | None = None, scale: float = 1.0) -> tuple[Path, Path]:
+def write_release(
+    folder: Path,
+    embedding_dim: int,
+    head_hidden_dim: int = 0,
+    seed: int = 0,
+    backbone: str = "Qwen/Qwen3-1.7B",
+    agents: list[str] | None = None,
+    scale: float = 1.0,
+) -> tuple[Path, Path]:
     """manifest.json + head_weights.npy in the trainer's format, with a random head."""
     agents = agents or AGENTS
     n = len(agents)
-    size = embedding_dim * n + n if head_hidden_dim == 0 else (
-        embedding_dim * head_hidden_dim + head_hidden_dim + head_hidden_dim * n + n)
+    size = (
+        embedding_dim * n + n
+        if head_hidden_dim == 0
+        else (embedding_dim * head_hidden_dim + head_hidden_dim + head_hidden_dim * n + n)
+    )
     theta = np.random.default_rng(seed).normal(scale=scale, size=size)
     folder.mkdir(parents=True, exist_ok=True)
     manifest = {
-        "model_id": f"head-test-{seed}", "backbone_model": backbone, "rewards_dataset": "benchgen/router-pilot",
-        "agent_order": agents, "embedding_dim": embedding_dim, "head_hidden_dim": head_hidden_dim,
-        "n_head_params": size, "n_total": 46, "n_train": 35, "n_test": 11, "train_reward": 0.7,
-        "test_reward": 0.7, "baselines": {"random_agent": 0.5538, "best_fixed_agent": 0.6667, "oracle": 0.7692},
-        "beats_best_fixed_agent": True, "cma_generations_run": 60,
-        "history": [{"generation": 0, "best_reward": 0.6}], "duration_seconds": 1.0,
+        "model_id": f"head-test-{seed}",
+        "backbone_model": backbone,
+        "rewards_dataset": "benchgen/router-pilot",
+        "agent_order": agents,
+        "embedding_dim": embedding_dim,
+        "head_hidden_dim": head_hidden_dim,
+        "n_head_params": size,
+        "n_total": 46,
+        "n_train": 35,
+        "n_test": 11,
+        "train_reward": 0.7,
+        "test_reward": 0.7,
+        "baselines": {"random_agent": 0.5538, "best_fixed_agent": 0.6667, "oracle": 0.7692},
+        "beats_best_fixed_agent": True,
+        "cma_generations_run": 60,
+        "history": [{"generation": 0, "best_reward": 0.6}],
+        "duration_seconds": 1.0,
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     np.save(folder / "head_weights.npy", theta)
@@ -99,8 +152,14 @@ def write_release(folder: Path, embedding_dim: int, head_hidden_dim: int = 0, se
 
 def run_tool(script: str, *args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run one of the project's command-line tools as a user would."""
-    return subprocess.run([sys.executable, str(PROJECT_ROOT / script), *map(str, args)], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -129,7 +188,20 @@ def converted(workdir, backbone_dir):
     for hidden in (0, 8):
         manifest, weights = write_release(workdir / f"release-{hidden}", 32, hidden, seed=hidden)
         out = workdir / f"router-{hidden}"
-        assert convert_main(["--manifest", str(manifest), "--weights", str(weights), "--output-dir", str(out),
-                             "--backbone", str(backbone_dir)]) == 0
+        assert (
+            convert_main(
+                [
+                    "--manifest",
+                    str(manifest),
+                    "--weights",
+                    str(weights),
+                    "--output-dir",
+                    str(out),
+                    "--backbone",
+                    str(backbone_dir),
+                ]
+            )
+            == 0
+        )
         routers[hidden] = (out, np.load(weights))
     return routers

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import AGENTS, build_backbone, make_queries, run_tool, write_release
-from reference_impl import ReferenceRouter
 from safetensors.torch import load_file
 from transformers import AutoConfig, pipeline
+
+from conftest import AGENTS, build_backbone, make_queries, run_tool, write_release
+from reference_impl import ReferenceRouter
 
 
 def convert_args(manifest: Path, weights: Path, out: Path, backbone: Path, *extra: str) -> list[str]:
@@ -22,8 +23,15 @@ def convert_args(manifest: Path, weights: Path, out: Path, backbone: Path, *extr
 def test_output_folder_is_a_complete_hub_repo(converted):
     folder, _ = converted[0]
     names = {p.name for p in folder.iterdir()}
-    assert {"config.json", "model.safetensors", "configuration_router.py", "modeling_router.py", "README.md",
-            "tokenizer.json", "tokenizer_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "configuration_router.py",
+        "modeling_router.py",
+        "README.md",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= names
     card = (folder / "README.md").read_text()
     header = card.split("---")[1]
     for line in ("library_name: transformers", "pipeline_tag: text-classification", "base_model:", "license:", "tags:"):
@@ -37,7 +45,9 @@ def test_output_folder_is_a_complete_hub_repo(converted):
 def test_cli_round_trip_records_backbone_and_revision(tmp_path, backbone_dir):
     manifest, weights = write_release(tmp_path / "release", 32, seed=5)
     out = tmp_path / "hub-folder"
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--backbone-revision", "v1.0"))
+    result = run_tool(
+        "convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--backbone-revision", "v1.0")
+    )
     assert result.returncode == 0, result.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["backbone_name_or_path"] == str(backbone_dir)
@@ -52,9 +62,18 @@ def test_real_geometry_head_has_10245_values(tmp_path, tokenizer_dir):
     from transformers import Qwen3Config
 
     backbone = tmp_path / "qwen3-geometry"
-    Qwen3Config(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
-                rms_norm_eps=1e-6, rope_theta=1_000_000.0).save_pretrained(backbone)
+    Qwen3Config(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+    ).save_pretrained(backbone)
     for item in tokenizer_dir.iterdir():
         (backbone / item.name).write_bytes(item.read_bytes())
     manifest, weights = write_release(tmp_path / "release", 2048, seed=1)
@@ -171,7 +190,9 @@ def test_push_to_hub_uploads_the_folder(tmp_path, backbone_dir, monkeypatch):
     import convert_npy
 
     calls = []
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(("create", repo_id, kw)))
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(("create", repo_id, kw))
+    )
 
     def upload_folder(self, *, folder_path, repo_id, **kw):
         calls.append(("upload", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
@@ -180,8 +201,12 @@ def test_push_to_hub_uploads_the_folder(tmp_path, backbone_dir, monkeypatch):
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     out = tmp_path / "out"
-    assert convert_npy.main([str(a) for a in convert_args(manifest, weights, out, backbone_dir,
-                                                          "--push-to-hub", "me/my-router")]) == 0
+    assert (
+        convert_npy.main(
+            [str(a) for a in convert_args(manifest, weights, out, backbone_dir, "--push-to-hub", "me/my-router")]
+        )
+        == 0
+    )
     assert calls[0][0] == "create" and calls[0][1] == "me/my-router" and calls[0][2]["exist_ok"]
     assert calls[1][0] == "upload" and calls[1][1] == "me/my-router"
     assert {"config.json", "model.safetensors", "modeling_router.py", "README.md"} <= set(calls[1][2])

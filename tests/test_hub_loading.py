@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModel, AutoTokenizer, pipeline
+
 from conftest import AGENTS, build_backbone, make_queries, write_release
 from reference_impl import ReferenceRouter
-from transformers import AutoModel, AutoTokenizer, pipeline
 
 QUERIES = make_queries(12, seed=21)
 
@@ -38,15 +39,31 @@ def hub(tmp_path_factory, tokenizer_dir):
 
     root = tmp_path_factory.mktemp("hub")
     cache = root / "cache"
-    backbones = {rev: build_backbone(root / f"backbone-{rev}", tokenizer_dir, seed=seed) for rev, seed in (("main", 1), ("v2", 2))}
+    backbones = {
+        rev: build_backbone(root / f"backbone-{rev}", tokenizer_dir, seed=seed)
+        for rev, seed in (("main", 1), ("v2", 2))
+    }
     install_in_hub_cache(backbones["main"], "acme/tiny-qwen3", cache, commit_id(1), ("main",))
     install_in_hub_cache(backbones["v2"], "acme/tiny-qwen3", cache, commit_id(2), ("v2",))
     thetas = {}
     for rev, seed in (("main", 10), ("v1", 11)):
         manifest, weights = write_release(root / f"release-{rev}", 32, seed=seed)
         out = root / f"router-{rev}"
-        assert convert_main(["--manifest", str(manifest), "--weights", str(weights), "--output-dir", str(out),
-                             "--backbone", str(backbones["v2"])]) == 0
+        assert (
+            convert_main(
+                [
+                    "--manifest",
+                    str(manifest),
+                    "--weights",
+                    str(weights),
+                    "--output-dir",
+                    str(out),
+                    "--backbone",
+                    str(backbones["v2"]),
+                ]
+            )
+            == 0
+        )
         config = json.loads((out / "config.json").read_text())
         config.update(backbone_name_or_path="acme/tiny-qwen3", backbone_revision="v2")
         (out / "config.json").write_text(json.dumps(config))
@@ -62,8 +79,9 @@ def logits_of(model, tokenizer) -> np.ndarray:
 
 @pytest.mark.parametrize("router_revision", ["main", "v1", commit_id(111)])
 def test_hub_ids_and_revisions_resolve_offline_through_cache_dir(hub, router_revision):
-    model = AutoModel.from_pretrained("acme/router", revision=router_revision, cache_dir=hub["cache"],
-                                      trust_remote_code=True)
+    model = AutoModel.from_pretrained(
+        "acme/router", revision=router_revision, cache_dir=hub["cache"], trust_remote_code=True
+    )
     tokenizer = AutoTokenizer.from_pretrained("acme/router", revision=router_revision, cache_dir=hub["cache"])
     head = "main" if router_revision == "main" else "v1"
     # The router's revision picks the head; the backbone stays at its own pinned revision (v2).
@@ -75,8 +93,13 @@ def test_hub_ids_and_revisions_resolve_offline_through_cache_dir(hub, router_rev
 
 
 def test_backbone_override_and_local_files_only(hub):
-    model = AutoModel.from_pretrained("acme/router", cache_dir=hub["cache"], trust_remote_code=True,
-                                      local_files_only=True, backbone_name_or_path=str(hub["backbones"]["main"]))
+    model = AutoModel.from_pretrained(
+        "acme/router",
+        cache_dir=hub["cache"],
+        trust_remote_code=True,
+        local_files_only=True,
+        backbone_name_or_path=str(hub["backbones"]["main"]),
+    )
     tokenizer = AutoTokenizer.from_pretrained("acme/router", cache_dir=hub["cache"])
     expected = ReferenceRouter(str(hub["backbones"]["main"]), hub["thetas"]["main"], AGENTS).batch_logits(QUERIES)
     assert np.abs(logits_of(model, tokenizer) - expected).max() <= 1e-4
@@ -95,8 +118,9 @@ def test_pipeline_from_hub_id_in_default_cache(hub, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub["cache"]))
-    router = pipeline("text-classification", model="acme/router", trust_remote_code=True,
-                      model_kwargs={"cache_dir": hub["cache"]})
+    router = pipeline(
+        "text-classification", model="acme/router", trust_remote_code=True, model_kwargs={"cache_dir": hub["cache"]}
+    )
     assert router.model.backbone.dtype == torch.float32  # the pipeline's dtype="auto" means float32 here
     reference = ReferenceRouter(str(hub["backbones"]["v2"]), hub["thetas"]["main"], AGENTS)
     assert [r["label"] for r in router(QUERIES)] == [AGENTS[i] for i in reference.batch_logits(QUERIES).argmax(1)]

@@ -45,7 +45,7 @@ def test_auto_class_parity_per_query_and_batch16(converted, references, auto_cla
     assert (per_query.argmax(1) == per_query_ref.argmax(1)).all()
 
     batch_ref = ref.batch_logits(QUERIES, batch_size=16)
-    batch = np.concatenate([package_logits(model, tokenizer, QUERIES[i:i + 16]) for i in (0, 16)])
+    batch = np.concatenate([package_logits(model, tokenizer, QUERIES[i : i + 16]) for i in (0, 16)])
     assert np.abs(batch - batch_ref).max() <= TOL
     assert (batch.argmax(1) == batch_ref.argmax(1)).all()
     # the picks are not all the same agent, so agreement is not trivial
@@ -58,7 +58,7 @@ def test_pipeline_parity(converted, references, hidden):
     ref = references[hidden]
     router = pipeline("text-classification", model=str(folder), trust_remote_code=True)
     results = router(QUERIES, top_k=None, batch_size=4)
-    for query, scores in zip(QUERIES, results):
+    for query, scores in zip(QUERIES, results, strict=True):
         ref_logits = ref.pick_agent(query)["logits"]
         probs = {s["label"]: s["score"] for s in scores}
         ref_probs = np.exp(ref_logits - ref_logits.max())

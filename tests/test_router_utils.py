@@ -29,7 +29,9 @@ def test_run_router_matches_reference_in_input_order(converted, backbone_dir, hi
 def test_backbone_router_with_theta_is_the_converted_router(converted, backbone_dir, hidden):
     folder, theta = converted[hidden]
     model, tokenizer = backbone_router(str(backbone_dir), AGENTS, head_hidden_dim=hidden)
-    model.head.load_state_dict({k.removeprefix("head."): v for k, v in theta_to_state_dict(theta, 32, 5, hidden).items()})
+    model.head.load_state_dict(
+        {k.removeprefix("head."): v for k, v in theta_to_state_dict(theta, 32, 5, hidden).items()}
+    )
     converted_model, _ = load_router(folder)
     a, _ = run_router(model, tokenizer, QUERIES)
     b, _ = run_router(converted_model, tokenizer, QUERIES)
