@@ -1,0 +1,369 @@
+"""route.py as users run it: pick_agent's return shape and parity with the reference, the CLI on
+single queries and on files in every input format, bad lines, exit codes, and interruption."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import AGENTS, PROJECT_ROOT, make_queries, run_tool
+from reference_impl import ReferenceRouter
+from route import get_router, main, pick_agent
+from router_utils import DEFAULT_ROUTER_DIR, load_router, run_cli
+
+QUERIES = make_queries(24, seed=21)
+RESULT_KEYS = {"picked_agent", "agent_index", "probabilities", "logits"}
+
+
+def check_result(result: dict, expected_logits: np.ndarray) -> None:
+    """One pick_agent result: the documented keys, scores keyed by agent in pool order, softmax
+    probabilities, and the argmax of the expected logits as the pick."""
+    assert set(result) == RESULT_KEYS
+    assert list(result["logits"]) == AGENTS and list(result["probabilities"]) == AGENTS
+    logits = np.array(list(result["logits"].values()))
+    assert np.abs(logits - expected_logits).max() <= 1e-4
+    probabilities = np.array(list(result["probabilities"].values()))
+    softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert np.allclose(probabilities, softmax) and abs(probabilities.sum() - 1) < 1e-9
+    assert result["agent_index"] == int(np.argmax(expected_logits))
+    assert result["picked_agent"] == AGENTS[result["agent_index"]]
+
+
+def read_output(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def route_file(tmp_path: Path, folder: Path, name: str, content: bytes, *extra: str) -> tuple[int, list[dict]]:
+    """Run the CLI in-process on a file written from content; (exit code, output records)."""
+    source, out = tmp_path / name, tmp_path / f"{name}.out.jsonl"
+    source.write_bytes(content)
+    code = main(["--model", str(folder), "--input", str(source), "--output", str(out), "--batch-size", "3", *extra])
+    return code, read_output(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Python API
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_pick_agent_one_query_and_a_list_match_the_reference(converted, backbone_dir, hidden):
+    folder, theta = converted[hidden]
+    reference = ReferenceRouter(str(backbone_dir), theta, AGENTS, hidden)
+    expected = np.concatenate([reference.logits(reference.embed([q])) for q in QUERIES])
+
+    single = pick_agent(QUERIES[0], model=str(folder))
+    assert isinstance(single, dict)
+    check_result(single, expected[0])
+
+    batch = pick_agent(QUERIES, model=folder, batch_size=5)  # varied lengths: sorted batches, order restored
+    assert isinstance(batch, list) and len(batch) == len(QUERIES)
+    for result, row in zip(batch, expected, strict=True):
+        check_result(result, row)
+    assert len({r["picked_agent"] for r in batch}) > 1  # the random head does discriminate these queries
+
+
+def test_pick_agent_reuses_one_load_and_takes_loaded_routers(converted, monkeypatch):
+    folder, _ = converted[0]
+    first = get_router(str(folder), device="cpu")
+    monkeypatch.chdir(folder.parent)
+    assert get_router(folder.name, device="cpu") is first  # a relative path to the same folder: no reload
+    half = get_router(str(folder), device="cpu", dtype="bfloat16")  # another dtype is another load
+    assert half is not first and next(half[0].backbone.parameters()).dtype == torch.bfloat16
+
+    expected = pick_agent(QUERIES[:4], model=str(folder), device="cpu")
+    pair = load_router(folder)
+    assert pick_agent(QUERIES[:4], model=pair) == expected
+    assert pick_agent(QUERIES[:4], model=SimpleNamespace(model=pair[0], tokenizer=pair[1])) == expected
+    with pytest.raises(TypeError, match="model= takes"):
+        pick_agent("hello", model=3.5)
+
+
+def test_pick_agent_refuses_empty_queries_and_accepts_an_empty_list(converted):
+    folder, _ = converted[0]
+    with pytest.raises(ValueError, match="empty"):
+        pick_agent("   ", model=folder)
+    with pytest.raises(ValueError, match="query 1 is empty"):
+        pick_agent(["What is 2+2?", ""], model=folder)
+    assert pick_agent([], model=folder) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line, single queries (subprocesses: stdout is exactly what a shell sees)
+
+
+def test_single_query_prints_just_the_agent_id(converted):
+    folder, _ = converted[0]
+    result = run_tool("route.py", "--model", folder, QUERIES[0])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == pick_agent(QUERIES[0], model=folder)["picked_agent"] + "\n"
+
+
+def test_json_prints_one_result_per_query(converted):
+    folder, _ = converted[8]
+    result = run_tool("route.py", "--model", folder, "--json", QUERIES[1], QUERIES[2])
+    assert result.returncode == 0, result.stderr
+    printed = [json.loads(line) for line in result.stdout.splitlines()]
+    expected = pick_agent(QUERIES[1:3], model=folder)
+    assert [p["picked_agent"] for p in printed] == [e["picked_agent"] for e in expected]
+    for got, want in zip(printed, expected, strict=True):
+        check_result(got, np.array(list(want["logits"].values())))
+
+
+def test_help_documents_flags_and_exit_codes():
+    result = run_tool("route.py", "--help")
+    assert result.returncode == 0
+    for flag in ("--model", "--input", "--output", "--text-field", "--column", "--format", "--batch-size",
+                 "--device", "--dtype", "--json", "Exit codes", "130 interrupted"):
+        assert flag in result.stdout
+
+
+def test_stdin_input_with_a_blank_line_routes_the_rest_and_exits_1(converted):
+    folder, _ = converted[0]
+    text = f"{QUERIES[0]}\n\n{QUERIES[1]}\n"
+    result = subprocess.run([sys.executable, str(PROJECT_ROOT / "route.py"), "--model", str(folder), "--input", "-",
+                             "--json"], input=text, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "line 2: line is empty; skipped" in result.stderr
+    assert [json.loads(line)["line"] for line in result.stdout.splitlines()] == [1, 3]
+
+
+@pytest.mark.skipif(not (DEFAULT_ROUTER_DIR / "config.json").exists(), reason="default_router/ not built yet")
+def test_default_router_needs_no_model_flag():
+    result = run_tool("route.py", "What is the derivative of x^3 + 2x?")
+    assert result.returncode == 0, result.stderr
+    labels = json.loads((DEFAULT_ROUTER_DIR / "config.json").read_text())["id2label"].values()
+    assert result.stdout.strip() in labels
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line, files (in-process: one router load for all of them)
+
+
+def file_contents(fmt: str, queries: list[str]) -> tuple[str, bytes]:
+    if fmt == "jsonl":
+        rows = [json.dumps({"task_id": f"t{i}", "prompt": q, "domain": "math"}) for i, q in enumerate(queries)]
+        return "queries.jsonl", "\n".join(rows).encode() + b"\n"
+    if fmt == "csv":
+        rows = ["task_id,prompt,domain", *(f't{i},"{q}",math' for i, q in enumerate(queries))]
+        return "queries.csv", "\r\n".join(rows).encode() + b"\r\n"
+    return "queries.txt", "\n".join(queries).encode()  # no final newline: the last line still counts
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "text"])
+def test_file_in_order_out_in_every_format(converted, tmp_path, fmt, capsys, caplog):
+    folder, _ = converted[0]
+    caplog.set_level(logging.INFO, logger="benchgen_router")
+    name, content = file_contents(fmt, QUERIES)
+    code, records = route_file(tmp_path, folder, name, content)
+    assert code == 0
+    expected = pick_agent(QUERIES, model=folder)
+    first_line = 2 if fmt == "csv" else 1  # the CSV header is line 1
+    assert [r["line"] for r in records] == list(range(first_line, first_line + len(QUERIES)))
+    assert [r.get("id") for r in records] == ([f"t{i}" for i in range(len(QUERIES))] if fmt != "text"
+                                              else [None] * len(QUERIES))
+    assert [r["picked_agent"] for r in records] == [e["picked_agent"] for e in expected]
+    for record, want in zip(records, expected, strict=True):
+        check_result({k: record[k] for k in RESULT_KEYS}, np.array(list(want["logits"].values())))
+    # progress bar in queries/s on stderr, then the summary of picks per agent (every agent listed)
+    assert "q/s" in capsys.readouterr().err
+    assert f"routed {len(QUERIES)} queries" in caplog.text
+    counts = Counter(r["picked_agent"] for r in records)
+    for agent in AGENTS:
+        assert any(line.split() == [agent, str(counts[agent]), f"{100 * counts[agent] / len(QUERIES):.1f}%"]
+                   for line in caplog.messages)
+
+
+def test_format_flag_and_field_override(converted, tmp_path):
+    folder, _ = converted[0]
+    rows = [json.dumps({"prompt": "decoy", "body": q, "key": i}) for i, q in enumerate(QUERIES[:3])]
+    code, records = route_file(tmp_path, folder, "data.log", "\n".join(rows).encode(), "--format", "jsonl",
+                               "--text-field", "body", "--id-field", "key")
+    assert code == 0
+    assert [r["id"] for r in records] == [0, 1, 2]
+    assert [r["picked_agent"] for r in records] == [r["picked_agent"] for r in pick_agent(QUERIES[:3], model=folder)]
+    tsv = "question\tid\n" + "".join(f"{q}\tq{i}\n" for i, q in enumerate(QUERIES[:2]))
+    code, records = route_file(tmp_path, folder, "data.tsv", tsv.encode())
+    assert code == 0 and [(r["line"], r["id"]) for r in records] == [(2, "q0"), (3, "q1")]
+
+
+def test_long_csv_query_is_truncated_and_routed_not_skipped(converted, tmp_path, capsys, caplog):
+    """Beyond csv's default 128 KiB field limit; the router keeps its first 1024 tokens."""
+    folder, _ = converted[0]
+    long_query = " ".join(make_queries(3000, seed=9))
+    assert len(long_query) > 131072
+    code, records = route_file(tmp_path, folder, "long.csv", f'prompt\n"{long_query}"\nshort one\n'.encode(),
+                               "--quiet")
+    assert code == 0 and [r["line"] for r in records] == [2, 3]
+    assert records[0]["picked_agent"] == pick_agent(long_query, model=folder)["picked_agent"]
+    assert "q/s" not in capsys.readouterr().err and not caplog.messages  # --quiet: no progress, no summary
+
+
+BAD_FILES = {
+    "jsonl": (
+        b'{"prompt": "Q1"}\n'
+        b"\n"                                      # 2 empty line
+        b'{"prompt": "Q3"}\n'
+        b"{not json\n"                             # 4 bad JSON
+        b'["a", "list"]\n'                         # 5 not an object
+        b'{"question": "no prompt field"}\n'       # 6 no 'prompt'
+        b'{"prompt": 42}\n'                        # 7 not text
+        b'{"prompt": "   "}\n'                     # 8 empty query
+        b'{"prompt": "caf\xe9 au lait"}\n'         # 9 not UTF-8
+        b'{"prompt": "lone \\ud800 escape"}\n'     # 10 not encodable text
+        b'{"prompt": "Q11"}\n',
+        {2: "empty line", 4: "not valid JSON", 5: "not a JSON object", 6: "no 'prompt' field",
+         7: "'prompt' is not text (got int)", 8: "'prompt' is empty", 9: "not valid UTF-8",
+         10: "not valid UTF-8"},
+        [1, 3, 11],
+    ),
+    "csv": (
+        b'id,prompt,extra\n'
+        b'a,"Q2",x\n'
+        b"b,,x\n"                                  # 3 empty query
+        b"c\n"                                     # 4 row too short
+        b"\n"                                      # 5 empty line
+        b'd,"a question\nover two lines",x\n'      # 6-7 one record, numbered by its first line
+        b"e,\xff\xfe,x\n"                          # 8 not UTF-8
+        b'f,"Q9",x\n',
+        {3: "'prompt' is empty", 4: "no 'prompt' column", 5: "empty line", 8: "not valid UTF-8"},
+        [2, 6, 9],
+    ),
+    "txt": (
+        b"Q1\n\nQ3\n   \t\n\xc3\x28 broken\nQ6\n",
+        {2: "line is empty", 4: "line is empty", 5: "not valid UTF-8"},
+        [1, 3, 6],
+    ),
+}
+
+
+@pytest.mark.parametrize("fmt", list(BAD_FILES))
+def test_bad_lines_are_reported_by_number_and_skipped(converted, tmp_path, fmt, caplog):
+    folder, _ = converted[0]
+    caplog.set_level(logging.INFO, logger="benchgen_router")
+    content, problems, good = BAD_FILES[fmt]
+    code, records = route_file(tmp_path, folder, f"bad.{fmt}", content)
+    assert code == 1
+    assert [r["line"] for r in records] == good
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == len(problems)
+    for number, reason in problems.items():
+        assert any(f"line {number}: " in w and reason in w for w in warnings), (number, warnings)
+    assert f"skipped {len(problems)} bad lines" in caplog.text
+    texts = {1: "Q1", 2: "Q2", 3: "Q3", 6: "a question\nover two lines" if fmt == "csv" else "Q6",
+             9: "Q9", 11: "Q11"}
+    expected = pick_agent([texts[n] for n in good], model=folder)
+    assert [r["picked_agent"] for r in records] == [e["picked_agent"] for e in expected]
+
+
+def test_all_lines_bad_writes_an_empty_file_and_exits_1(converted, tmp_path):
+    folder, _ = converted[0]
+    code, records = route_file(tmp_path, folder, "blank.txt", b"\n  \n")
+    assert code == 1 and records == []
+
+
+@pytest.mark.parametrize(("name", "content", "extra", "message"), [
+    ("missing.txt", None, [], "input file not found"),
+    ("empty.txt", b"", [], "holds no lines"),
+    ("data.json", b'[{"prompt": "hi"}]', [], "convert it to JSON lines"),
+    ("data.jsonl", b'{"body": "hi"}\n', [], "none of the usual query fields"),
+    ("data.jsonl", b'{"prompt": "hi"}\n', ["--text-field", "body"], "has no field 'body'"),
+    ("data.csv", b"a,b\n1,2\n", [], "none of the usual query fields"),
+    ("data.csv", b"prompt\nhi\n", ["--id-field", "uid"], "no field 'uid' for --id-field"),
+    ("data.txt", b"hi\n", ["--dtype", "int8"], "invalid choice"),
+    ("data.txt", b"hi\n", ["--batch-size", "0"], "must be a positive integer"),
+    ("data.txt", b"hi\n", ["extra query"], "not both"),
+])
+def test_unusable_input_is_exit_2_with_one_line_and_writes_nothing(converted, tmp_path, capsys, name, content,
+                                                                    extra, message):
+    folder, _ = converted[0]
+    source, out = tmp_path / name, tmp_path / "out.jsonl"
+    if content is not None:
+        source.write_bytes(content)
+    argv = ["--model", str(folder), "--input", str(source), "--output", str(out), *extra]
+    try:
+        code = run_cli(main, argv)
+    except SystemExit as exit_:  # argparse's own usage errors
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert not out.exists()
+
+
+def test_empty_command_line_query_is_a_usage_error(converted, capsys):
+    folder, _ = converted[0]
+    assert run_cli(main, ["--model", str(folder), "What is 2+2?", " "]) == 2
+    assert "error: query 2 is empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model", str(folder)])
+    assert exit_.value.code == 2
+
+
+def test_unloadable_model_is_exit_2(tmp_path, capsys):
+    (tmp_path / "q.txt").write_text("hello\n")
+    assert run_cli(main, ["--model", str(tmp_path / "nowhere"), "--input", str(tmp_path / "q.txt")]) == 2
+    assert "cannot load router" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Interruption: a real SIGINT to a real run
+
+
+def test_sigint_mid_run_leaves_the_previous_output_untouched(converted, tmp_path):
+    folder, _ = converted[0]
+    source, out = tmp_path / "many.txt", tmp_path / "picks.jsonl"
+    source.write_text("\n".join(make_queries(3000, seed=5)) + "\n")
+    out.write_text("previous run\n")
+    process = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "route.py"), "--model", str(folder), "--input",
+                                str(source), "--output", str(out), "--batch-size", "4"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ})
+    stderr: list[bytes] = []
+    reader = threading.Thread(target=lambda: stderr.extend(iter(lambda: process.stderr.read1(4096), b"")))
+    reader.start()
+    deadline = time.monotonic() + 120
+    while b"routing:" not in b"".join(stderr) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # well inside the routing of 3000 queries, which takes seconds
+    assert process.poll() is None, "the run finished before it could be interrupted"
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130
+    reader.join(timeout=10)
+    text = b"".join(stderr).decode(errors="replace")
+    assert "interrupted" in text and "routed" not in text
+    assert out.read_text() == "previous run\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.txt", "picks.jsonl"]  # no temporary file left
+
+
+def test_interrupt_while_writing_leaves_no_partial_file(converted, tmp_path, monkeypatch, capsys):
+    """Ctrl-C after some records are written: the half-written temporary file never replaces the output."""
+    import route
+
+    folder, _ = converted[0]
+    source, out = tmp_path / "q.txt", tmp_path / "picks.jsonl"
+    source.write_text("\n".join(QUERIES) + "\n")
+    real_dumps, written = json.dumps, []
+
+    def dumps_then_interrupt(record: dict) -> str:
+        if len(written) == 5:
+            raise KeyboardInterrupt
+        written.append(record)
+        return real_dumps(record)
+
+    monkeypatch.setattr(route, "json", SimpleNamespace(dumps=dumps_then_interrupt))  # route's own json only
+    assert run_cli(main, ["--model", str(folder), "--input", str(source), "--output", str(out)]) == 130
+    assert len(written) == 5 and "interrupted" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.txt"]
