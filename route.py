@@ -76,16 +76,22 @@ def resolve_device(device: str | None) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_router(model: str | None, device: str, dtype: str | None, backbone: str | None,
-                   revision: str | None) -> tuple[Any, Any]:
+def _cached_router(
+    model: str | None, device: str, dtype: str | None, backbone: str | None, revision: str | None
+) -> tuple[Any, Any]:
     """One load per (router, device, dtype, backbone, revision): loading a 1.7B backbone takes
     seconds to minutes, routing one query milliseconds. Bounded so a long-lived process that
     tries many routers does not keep all of them in memory."""
     return load_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision)
 
 
-def get_router(model: Any = None, device: str | None = None, dtype: str | None = None,
-               backbone: str | None = None, revision: str | None = None) -> tuple[Any, Any]:
+def get_router(
+    model: Any = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    backbone: str | None = None,
+    revision: str | None = None,
+) -> tuple[Any, Any]:
     """(model, tokenizer) for pick_agent's `model=`: a folder or Hub id (loaded once, then reused),
     None for the default router, or something already loaded: a (model, tokenizer) pair or any
     object with .model and .tokenizer (a text-classification pipeline, for instance), used as it
@@ -120,18 +126,28 @@ def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[
     results = []
     for row_logits, row_probabilities in zip(scores, probabilities, strict=True):
         index = int(np.argmax(row_logits))
-        results.append({
-            "picked_agent": agents[index],
-            "agent_index": index,
-            "probabilities": {agent: float(p) for agent, p in zip(agents, row_probabilities, strict=True)},
-            "logits": {agent: float(x) for agent, x in zip(agents, row_logits, strict=True)},
-        })
+        results.append(
+            {
+                "picked_agent": agents[index],
+                "agent_index": index,
+                "probabilities": {agent: float(p) for agent, p in zip(agents, row_probabilities, strict=True)},
+                "logits": {agent: float(x) for agent, x in zip(agents, row_logits, strict=True)},
+            }
+        )
     return results
 
 
-def pick_agent(query_or_list: str | Sequence[str], model: Any = None, *, device: str | None = None,
-               dtype: str | None = None, batch_size: int = 16, progress: bool = False,
-               backbone: str | None = None, revision: str | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+def pick_agent(
+    query_or_list: str | Sequence[str],
+    model: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    batch_size: int = 16,
+    progress: bool = False,
+    backbone: str | None = None,
+    revision: str | None = None,
+) -> dict[str, Any] | list[dict[str, Any]]:
     """Pick the agent that should answer a query (a dict) or each query of a list (a list of dicts,
     same order, routed in batches of `batch_size`).
 
@@ -195,8 +211,10 @@ def choose_text_field(names: Sequence[str], chosen: str | None, source: str) -> 
     if chosen is None:
         chosen = next((name for name in TEXT_FIELDS if name in names), None)
         if chosen is None:
-            raise UsageError(f"{source} has none of the usual query fields ({', '.join(TEXT_FIELDS)}); it has "
-                             f"{', '.join(map(repr, names)) or 'none'}. Pass --text-field NAME.")
+            raise UsageError(
+                f"{source} has none of the usual query fields ({', '.join(TEXT_FIELDS)}); it has "
+                f"{', '.join(map(repr, names)) or 'none'}. Pass --text-field NAME."
+            )
     elif chosen not in names:
         raise UsageError(f"{source} has no field '{chosen}'; it has {', '.join(map(repr, names)) or 'none'}.")
     return chosen
@@ -246,8 +264,9 @@ def read_jsonl_lines(data: str, text_field: str | None, id_field: str | None, so
             yield Skipped(number, problem) if problem else Query(number, row[text_field], row.get(id_field))
 
 
-def read_csv_lines(data: str, delimiter: str, column: str | None, id_column: str | None,
-                   source: str) -> Iterator[Query | Skipped]:
+def read_csv_lines(
+    data: str, delimiter: str, column: str | None, id_column: str | None, source: str
+) -> Iterator[Query | Skipped]:
     """CSV/TSV with a header row; a quoted field may span lines, so a row is numbered by the line
     it starts on (line 1 is the header)."""
     reader = csv.reader(io.StringIO(data, newline=""), delimiter=delimiter)
@@ -279,8 +298,10 @@ def input_format(path: str, chosen: str | None) -> str:
         return chosen
     suffix = Path(path).suffix.lower()
     if suffix == ".json":
-        raise UsageError(f"{path}: a .json file is one JSON document, not one query per line; convert it to "
-                         "JSON lines (.jsonl), or pass --format jsonl if it already is.")
+        raise UsageError(
+            f"{path}: a .json file is one JSON document, not one query per line; convert it to "
+            "JSON lines (.jsonl), or pass --format jsonl if it already is."
+        )
     return FORMATS.get(suffix, "text")
 
 
@@ -324,8 +345,9 @@ def positive_int(value: str) -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     title, _, details = (__doc__ or "").partition("\n\n")
-    parser = argparse.ArgumentParser(description=title, epilog=details.split("From Python")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=title, epilog=details.split("From Python")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add = parser.add_argument
     add("queries", nargs="*", metavar="QUERY", help="question(s) to route (or use --input)")
     add("--model", metavar="DIR_OR_HUB_ID", help="router folder or Hub id (default: the bundled default router)")
@@ -333,16 +355,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--revision", metavar="REV", help="router repository revision (branch, tag or commit) on the Hub")
     add("--input", "-i", metavar="FILE", help="route every query of FILE ('-' for stdin)")
     add("--output", "-o", metavar="FILE", help="write JSON lines here instead of stdout")
-    add("--format", choices=["jsonl", "csv", "tsv", "text"],
-        help="input format (default: from the extension; plain text otherwise)")
-    add("--text-field", "--column", dest="text_field", metavar="NAME",
-        help=f"JSONL field / CSV column holding the query (default: first of {', '.join(TEXT_FIELDS)})")
-    add("--id-field", metavar="NAME",
-        help=f"field / column copied to the output as 'id' (default: first of {', '.join(ID_FIELDS)})")
+    add(
+        "--format",
+        choices=["jsonl", "csv", "tsv", "text"],
+        help="input format (default: from the extension; plain text otherwise)",
+    )
+    add(
+        "--text-field",
+        "--column",
+        dest="text_field",
+        metavar="NAME",
+        help=f"JSONL field / CSV column holding the query (default: first of {', '.join(TEXT_FIELDS)})",
+    )
+    add(
+        "--id-field",
+        metavar="NAME",
+        help=f"field / column copied to the output as 'id' (default: first of {', '.join(ID_FIELDS)})",
+    )
     add("--batch-size", type=positive_int, default=16, metavar="N", help="queries per forward pass (default 16)")
     add("--device", default="auto", help="cpu, cuda, cuda:1, mps, ... (default: cuda if available, else cpu)")
-    add("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-        help="backbone dtype (default: the router's own, float32 for converted releases)")
+    add(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="backbone dtype (default: the router's own, float32 for converted releases)",
+    )
     add("--json", action="store_true", help="print JSON lines with the scores, not bare agent ids")
     add("--quiet", "-q", action="store_true", help="no progress bar and no summary")
     args = parser.parse_args(argv)
@@ -392,20 +429,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     for item in skipped:
         logger.warning("%s line %d: %s; skipped", source, item.line, item.reason)
 
-    router, tokenizer = get_router(args.model, device=args.device, dtype=args.dtype, backbone=args.backbone,
-                                   revision=args.revision)
+    router, tokenizer = get_router(
+        args.model, device=args.device, dtype=args.dtype, backbone=args.backbone, revision=args.revision
+    )
     agents = agent_order(router)
     started = time.perf_counter()
     logits = np.zeros((0, len(agents)), dtype=np.float32)
     if queries:
-        logits, _ = run_router(router, tokenizer, [q.text for q in queries], batch_size=args.batch_size,
-                               progress=file_work and not args.quiet)
+        logits, _ = run_router(
+            router,
+            tokenizer,
+            [q.text for q in queries],
+            batch_size=args.batch_size,
+            progress=file_work and not args.quiet,
+        )
     seconds = time.perf_counter() - started
 
     records = results_from_logits(logits, agents)
     if file_work:
-        records = [{"line": q.line, **({"id": q.id} if q.id is not None else {}), **result}
-                   for q, result in zip(queries, records, strict=True)]
+        records = [
+            {"line": q.line, **({"id": q.id} if q.id is not None else {}), **result}
+            for q, result in zip(queries, records, strict=True)
+        ]
     if args.output:
         with atomic_output(args.output) as handle:
             write_results(handle, records, as_json=True)

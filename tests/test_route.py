@@ -125,16 +125,33 @@ def test_json_prints_one_result_per_query(converted):
 def test_help_documents_flags_and_exit_codes():
     result = run_tool("route.py", "--help")
     assert result.returncode == 0
-    for flag in ("--model", "--input", "--output", "--text-field", "--column", "--format", "--batch-size",
-                 "--device", "--dtype", "--json", "Exit codes", "130 interrupted"):
+    for flag in (
+        "--model",
+        "--input",
+        "--output",
+        "--text-field",
+        "--column",
+        "--format",
+        "--batch-size",
+        "--device",
+        "--dtype",
+        "--json",
+        "Exit codes",
+        "130 interrupted",
+    ):
         assert flag in result.stdout
 
 
 def test_stdin_input_with_a_blank_line_routes_the_rest_and_exits_1(converted):
     folder, _ = converted[0]
     text = f"{QUERIES[0]}\n\n{QUERIES[1]}\n"
-    result = subprocess.run([sys.executable, str(PROJECT_ROOT / "route.py"), "--model", str(folder), "--input", "-",
-                             "--json"], input=text, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "route.py"), "--model", str(folder), "--input", "-", "--json"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1
     assert "line 2: line is empty; skipped" in result.stderr
     assert [json.loads(line)["line"] for line in result.stdout.splitlines()] == [1, 3]
@@ -172,8 +189,9 @@ def test_file_in_order_out_in_every_format(converted, tmp_path, fmt, capsys, cap
     expected = pick_agent(QUERIES, model=folder)
     first_line = 2 if fmt == "csv" else 1  # the CSV header is line 1
     assert [r["line"] for r in records] == list(range(first_line, first_line + len(QUERIES)))
-    assert [r.get("id") for r in records] == ([f"t{i}" for i in range(len(QUERIES))] if fmt != "text"
-                                              else [None] * len(QUERIES))
+    assert [r.get("id") for r in records] == (
+        [f"t{i}" for i in range(len(QUERIES))] if fmt != "text" else [None] * len(QUERIES)
+    )
     assert [r["picked_agent"] for r in records] == [e["picked_agent"] for e in expected]
     for record, want in zip(records, expected, strict=True):
         check_result({k: record[k] for k in RESULT_KEYS}, np.array(list(want["logits"].values())))
@@ -182,15 +200,27 @@ def test_file_in_order_out_in_every_format(converted, tmp_path, fmt, capsys, cap
     assert f"routed {len(QUERIES)} queries" in caplog.text
     counts = Counter(r["picked_agent"] for r in records)
     for agent in AGENTS:
-        assert any(line.split() == [agent, str(counts[agent]), f"{100 * counts[agent] / len(QUERIES):.1f}%"]
-                   for line in caplog.messages)
+        assert any(
+            line.split() == [agent, str(counts[agent]), f"{100 * counts[agent] / len(QUERIES):.1f}%"]
+            for line in caplog.messages
+        )
 
 
 def test_format_flag_and_field_override(converted, tmp_path):
     folder, _ = converted[0]
     rows = [json.dumps({"prompt": "decoy", "body": q, "key": i}) for i, q in enumerate(QUERIES[:3])]
-    code, records = route_file(tmp_path, folder, "data.log", "\n".join(rows).encode(), "--format", "jsonl",
-                               "--text-field", "body", "--id-field", "key")
+    code, records = route_file(
+        tmp_path,
+        folder,
+        "data.log",
+        "\n".join(rows).encode(),
+        "--format",
+        "jsonl",
+        "--text-field",
+        "body",
+        "--id-field",
+        "key",
+    )
     assert code == 0
     assert [r["id"] for r in records] == [0, 1, 2]
     assert [r["picked_agent"] for r in records] == [r["picked_agent"] for r in pick_agent(QUERIES[:3], model=folder)]
@@ -204,8 +234,7 @@ def test_long_csv_query_is_truncated_and_routed_not_skipped(converted, tmp_path,
     folder, _ = converted[0]
     long_query = " ".join(make_queries(3000, seed=9))
     assert len(long_query) > 131072
-    code, records = route_file(tmp_path, folder, "long.csv", f'prompt\n"{long_query}"\nshort one\n'.encode(),
-                               "--quiet")
+    code, records = route_file(tmp_path, folder, "long.csv", f'prompt\n"{long_query}"\nshort one\n'.encode(), "--quiet")
     assert code == 0 and [r["line"] for r in records] == [2, 3]
     assert records[0]["picked_agent"] == pick_agent(long_query, model=folder)["picked_agent"]
     assert "q/s" not in capsys.readouterr().err and not caplog.messages  # --quiet: no progress, no summary
@@ -214,29 +243,36 @@ def test_long_csv_query_is_truncated_and_routed_not_skipped(converted, tmp_path,
 BAD_FILES = {
     "jsonl": (
         b'{"prompt": "Q1"}\n'
-        b"\n"                                      # 2 empty line
+        b"\n"  # 2 empty line
         b'{"prompt": "Q3"}\n'
-        b"{not json\n"                             # 4 bad JSON
-        b'["a", "list"]\n'                         # 5 not an object
-        b'{"question": "no prompt field"}\n'       # 6 no 'prompt'
-        b'{"prompt": 42}\n'                        # 7 not text
-        b'{"prompt": "   "}\n'                     # 8 empty query
-        b'{"prompt": "caf\xe9 au lait"}\n'         # 9 not UTF-8
-        b'{"prompt": "lone \\ud800 escape"}\n'     # 10 not encodable text
+        b"{not json\n"  # 4 bad JSON
+        b'["a", "list"]\n'  # 5 not an object
+        b'{"question": "no prompt field"}\n'  # 6 no 'prompt'
+        b'{"prompt": 42}\n'  # 7 not text
+        b'{"prompt": "   "}\n'  # 8 empty query
+        b'{"prompt": "caf\xe9 au lait"}\n'  # 9 not UTF-8
+        b'{"prompt": "lone \\ud800 escape"}\n'  # 10 not encodable text
         b'{"prompt": "Q11"}\n',
-        {2: "empty line", 4: "not valid JSON", 5: "not a JSON object", 6: "no 'prompt' field",
-         7: "'prompt' is not text (got int)", 8: "'prompt' is empty", 9: "not valid UTF-8",
-         10: "not valid UTF-8"},
+        {
+            2: "empty line",
+            4: "not valid JSON",
+            5: "not a JSON object",
+            6: "no 'prompt' field",
+            7: "'prompt' is not text (got int)",
+            8: "'prompt' is empty",
+            9: "not valid UTF-8",
+            10: "not valid UTF-8",
+        },
         [1, 3, 11],
     ),
     "csv": (
-        b'id,prompt,extra\n'
+        b"id,prompt,extra\n"
         b'a,"Q2",x\n'
-        b"b,,x\n"                                  # 3 empty query
-        b"c\n"                                     # 4 row too short
-        b"\n"                                      # 5 empty line
-        b'd,"a question\nover two lines",x\n'      # 6-7 one record, numbered by its first line
-        b"e,\xff\xfe,x\n"                          # 8 not UTF-8
+        b"b,,x\n"  # 3 empty query
+        b"c\n"  # 4 row too short
+        b"\n"  # 5 empty line
+        b'd,"a question\nover two lines",x\n'  # 6-7 one record, numbered by its first line
+        b"e,\xff\xfe,x\n"  # 8 not UTF-8
         b'f,"Q9",x\n',
         {3: "'prompt' is empty", 4: "no 'prompt' column", 5: "empty line", 8: "not valid UTF-8"},
         [2, 6, 9],
@@ -262,8 +298,7 @@ def test_bad_lines_are_reported_by_number_and_skipped(converted, tmp_path, fmt, 
     for number, reason in problems.items():
         assert any(f"line {number}: " in w and reason in w for w in warnings), (number, warnings)
     assert f"skipped {len(problems)} bad lines" in caplog.text
-    texts = {1: "Q1", 2: "Q2", 3: "Q3", 6: "a question\nover two lines" if fmt == "csv" else "Q6",
-             9: "Q9", 11: "Q11"}
+    texts = {1: "Q1", 2: "Q2", 3: "Q3", 6: "a question\nover two lines" if fmt == "csv" else "Q6", 9: "Q9", 11: "Q11"}
     expected = pick_agent([texts[n] for n in good], model=folder)
     assert [r["picked_agent"] for r in records] == [e["picked_agent"] for e in expected]
 
@@ -274,20 +309,24 @@ def test_all_lines_bad_writes_an_empty_file_and_exits_1(converted, tmp_path):
     assert code == 1 and records == []
 
 
-@pytest.mark.parametrize(("name", "content", "extra", "message"), [
-    ("missing.txt", None, [], "input file not found"),
-    ("empty.txt", b"", [], "holds no lines"),
-    ("data.json", b'[{"prompt": "hi"}]', [], "convert it to JSON lines"),
-    ("data.jsonl", b'{"body": "hi"}\n', [], "none of the usual query fields"),
-    ("data.jsonl", b'{"prompt": "hi"}\n', ["--text-field", "body"], "has no field 'body'"),
-    ("data.csv", b"a,b\n1,2\n", [], "none of the usual query fields"),
-    ("data.csv", b"prompt\nhi\n", ["--id-field", "uid"], "no field 'uid' for --id-field"),
-    ("data.txt", b"hi\n", ["--dtype", "int8"], "invalid choice"),
-    ("data.txt", b"hi\n", ["--batch-size", "0"], "must be a positive integer"),
-    ("data.txt", b"hi\n", ["extra query"], "not both"),
-])
-def test_unusable_input_is_exit_2_with_one_line_and_writes_nothing(converted, tmp_path, capsys, name, content,
-                                                                    extra, message):
+@pytest.mark.parametrize(
+    ("name", "content", "extra", "message"),
+    [
+        ("missing.txt", None, [], "input file not found"),
+        ("empty.txt", b"", [], "holds no lines"),
+        ("data.json", b'[{"prompt": "hi"}]', [], "convert it to JSON lines"),
+        ("data.jsonl", b'{"body": "hi"}\n', [], "none of the usual query fields"),
+        ("data.jsonl", b'{"prompt": "hi"}\n', ["--text-field", "body"], "has no field 'body'"),
+        ("data.csv", b"a,b\n1,2\n", [], "none of the usual query fields"),
+        ("data.csv", b"prompt\nhi\n", ["--id-field", "uid"], "no field 'uid' for --id-field"),
+        ("data.txt", b"hi\n", ["--dtype", "int8"], "invalid choice"),
+        ("data.txt", b"hi\n", ["--batch-size", "0"], "must be a positive integer"),
+        ("data.txt", b"hi\n", ["extra query"], "not both"),
+    ],
+)
+def test_unusable_input_is_exit_2_with_one_line_and_writes_nothing(
+    converted, tmp_path, capsys, name, content, extra, message
+):
     folder, _ = converted[0]
     source, out = tmp_path / name, tmp_path / "out.jsonl"
     if content is not None:
@@ -327,10 +366,24 @@ def test_sigint_mid_run_leaves_the_previous_output_untouched(converted, tmp_path
     source, out = tmp_path / "many.txt", tmp_path / "picks.jsonl"
     source.write_text("\n".join(make_queries(3000, seed=5)) + "\n")
     out.write_text("previous run\n")
-    process = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "route.py"), "--model", str(folder), "--input",
-                                str(source), "--output", str(out), "--batch-size", "4"],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ})
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "route.py"),
+            "--model",
+            str(folder),
+            "--input",
+            str(source),
+            "--output",
+            str(out),
+            "--batch-size",
+            "4",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ},
+    )
     stderr: list[bytes] = []
     reader = threading.Thread(target=lambda: stderr.extend(iter(lambda: process.stderr.read1(4096), b"")))
     reader.start()
