@@ -38,6 +38,9 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +211,7 @@ def load_router(
         kwargs["backbone_name_or_path"] = backbone
     try:
         router = AutoModel.from_pretrained(str(model), trust_remote_code=True, revision=revision, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(str(model), revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(str(model), revision=revision, trust_remote_code=True)
     except (OSError, ValueError) as err:
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UsageError(
