@@ -240,9 +240,11 @@ def export(args: argparse.Namespace, card_note: str | None) -> None:
                                         backbone=args.backbone_id, backbone_revision=args.backbone_revision,
                                         bundle_backbone=False, push_to_hub=None), load_from=args.backbone)
     if card_note:
-        card = (Path(folder) / "README.md").read_text(encoding="utf-8")
-        with atomic_output(Path(folder) / "README.md") as handle:
+        readme = Path(folder) / "README.md"
+        card, mode = readme.read_text(encoding="utf-8"), readme.stat().st_mode
+        with atomic_output(readme) as handle:
             handle.write(card.rstrip("\n") + "\n\n" + card_note.strip("\n") + "\n")
+        readme.chmod(mode)  # the temporary file was private; keep the card as readable as convert left it
 
 
 def main(argv: Sequence[str] | None = None) -> int:

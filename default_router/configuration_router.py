@@ -1,0 +1,83 @@
+"""Configuration of BenchGen Router Lite: a frozen text backbone, masked mean pooling, a tiny head.
+
+This file is executed by users through `trust_remote_code=True`: it only describes data, imports
+nothing but transformers, and never touches the network.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+
+DEFAULT_TRUNCATION_LENGTH = 1024  # the reference embeds with truncation=True, max_length=1024
+
+
+class RouterConfig(PretrainedConfig):
+    r"""Configuration of a [`RouterModel`].
+
+    Args:
+        text_config (`dict` or `PretrainedConfig`):
+            The backbone's complete configuration (any `AutoConfig` type; Qwen3 is the shipped one).
+            Named `text_config` on purpose: `backbone_config` is reserved by transformers 5.x for
+            vision backbones.
+        backbone_name_or_path (`str`):
+            Where the backbone's weights come from when the checkpoint holds only the head: a Hub id
+            such as `"Qwen/Qwen3-1.7B"` or a local folder.
+        backbone_revision (`str`, *optional*):
+            The backbone repository revision (branch, tag or commit) to load, pinned for reproducibility.
+        bundled_backbone (`bool`, *optional*, defaults to `False`):
+            `True` when `model.safetensors` holds the backbone's weights as well as the head, so the
+            checkpoint loads with no second repository.
+        head_hidden_dim (`int`, *optional*, defaults to 0):
+            0 for a linear head (`logits = emb @ W + b`); H > 0 for `tanh(emb @ W1 + b1) @ W2 + b2`.
+        truncation_length (`int`, *optional*, defaults to 1024):
+            Queries are truncated to this many tokens, as they were when the head was trained.
+        training (`dict`, *optional*):
+            Provenance copied from the trainer's manifest (rewards dataset, split sizes, rewards,
+            baselines, ...). Informational only: nothing at inference time reads it.
+        id2label / label2id:
+            The agent pool in logit order (`agent_order` of the manifest).
+    """
+
+    model_type = "benchgen_router"
+    sub_configs = {"text_config": AutoConfig}
+
+    def __init__(
+        self,
+        text_config: dict[str, Any] | PretrainedConfig | None = None,
+        backbone_name_or_path: str | None = None,
+        backbone_revision: str | None = None,
+        bundled_backbone: bool = False,
+        head_hidden_dim: int = 0,
+        truncation_length: int = DEFAULT_TRUNCATION_LENGTH,
+        training: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(text_config, dict):
+            text_config = dict(text_config)
+            if "model_type" not in text_config:
+                raise ValueError("text_config needs a 'model_type' (for example 'qwen3').")
+            text_config = AutoConfig.for_model(text_config.pop("model_type"), **text_config)
+        if head_hidden_dim < 0:
+            raise ValueError(f"head_hidden_dim must be >= 0 (0 means a linear head), got {head_hidden_dim}.")
+        if truncation_length < 1:
+            raise ValueError(f"truncation_length must be a positive number of tokens, got {truncation_length}.")
+        self.text_config = text_config
+        self.backbone_name_or_path = backbone_name_or_path
+        self.backbone_revision = backbone_revision
+        self.bundled_backbone = bundled_backbone
+        self.head_hidden_dim = head_hidden_dim
+        self.truncation_length = truncation_length
+        self.training = training or {}
+        super().__init__(**kwargs)
+
+    @property
+    def agent_order(self) -> list[str]:
+        """The agent ids in logit order."""
+        return [self.id2label[i] for i in range(len(self.id2label))]
+
+    @property
+    def embedding_dim(self) -> int:
+        """Size of the pooled embedding: the backbone's hidden size."""
+        return self.text_config.hidden_size

@@ -1,0 +1,265 @@
+"""BenchGen Router Lite: pick which agent of a pool should answer a query.
+
+query -> frozen backbone (last hidden state) -> masked mean pool (float32) -> head -> one logit per agent.
+
+This file is executed by users through `trust_remote_code=True`. It imports only torch,
+safetensors and transformers, opens no network connection of its own (backbone weights come
+through `from_pretrained` and the standard Hub cache) and never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from transformers import AutoModel, PretrainedConfig, PreTrainedModel
+from transformers.utils import ModelOutput, cached_file
+
+try:  # imported as remote code (a package) or as a plain local module
+    from .configuration_router import RouterConfig
+except ImportError:
+    from configuration_router import RouterConfig
+
+WEIGHTS_NAME = "model.safetensors"
+CODE_FILES = ("configuration_router.py", "modeling_router.py")
+AUTO_MAP = {
+    "AutoConfig": "configuration_router.RouterConfig",
+    "AutoModel": "modeling_router.RouterModel",
+    "AutoModelForSequenceClassification": "modeling_router.RouterModel",
+}
+# from_pretrained() arguments that describe the router repository, not the backbone's.
+_ROUTER_ONLY_KWARGS = (
+    "revision",
+    "subfolder",
+    "trust_remote_code",
+    "code_revision",
+    "_from_auto",
+    "_from_pipeline",
+    "_commit_hash",
+    "adapter_kwargs",
+    "output_loading_info",
+)
+_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "token")
+
+
+@dataclass
+class RouterOutput(ModelOutput):
+    """`logits`: (batch, n_agents), one score per agent in `config.id2label` order (argmax = pick).
+    `embeddings`: (batch, hidden), the float32 masked-mean-pooled backbone output the head scored."""
+
+    logits: torch.FloatTensor | None = None
+    embeddings: torch.FloatTensor | None = None
+
+
+def masked_mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the hidden states over real (mask == 1) tokens, accumulated in float32.
+
+    Padded positions are zeroed with masked_fill rather than multiplied by the mask: a left-padded
+    row's padding can come out of attention as NaN, and NaN * 0 is still NaN.
+    """
+    mask = attention_mask.unsqueeze(-1).to(torch.float32)
+    hidden = hidden_states.to(torch.float32).masked_fill(mask == 0, 0.0)
+    return hidden.sum(dim=1) / mask.sum(dim=1).clamp(min=1e-6)
+
+
+def keep_first_tokens(
+    max_length: int, attention_mask: torch.Tensor, *token_tensors: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Truncate each row to its first `max_length` real tokens, whatever the padding side.
+
+    Equivalent to tokenizing with `truncation=True, max_length=max_length` for tokenizers that add
+    no special tokens (Qwen), so the text-classification pipeline with default arguments gives the
+    pick of the truncated reference. Returns the new mask followed by the gathered tensors,
+    right-padded to the longest kept row.
+    """
+    keep = attention_mask.bool() & (attention_mask.cumsum(dim=-1) <= max_length)
+    width = int(keep.sum(dim=-1).max())
+    # A stable sort on "not kept" moves each row's kept tokens to the front, in their order.
+    order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices[:, :width]
+    gathered = tuple(t.gather(1, order) for t in token_tensors)
+    return (keep.gather(1, order).to(attention_mask.dtype), *gathered)
+
+
+def build_head(embedding_dim: int, num_agents: int, hidden_dim: int) -> nn.Module:
+    """Linear head when hidden_dim == 0, else Linear -> tanh -> Linear (the reference's two shapes)."""
+    if hidden_dim == 0:
+        return nn.Linear(embedding_dim, num_agents)
+    return nn.Sequential(nn.Linear(embedding_dim, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, num_agents))
+
+
+class RouterModel(PreTrainedModel):
+    """Frozen backbone + masked mean pooling + a small head scoring each agent of the pool.
+
+    Loads like any transformers model (`AutoModel` / `AutoModelForSequenceClassification` /
+    `pipeline("text-classification")` with `trust_remote_code=True`). A head-only checkpoint
+    (the default) loads the backbone from `config.backbone_name_or_path` at `backbone_revision`
+    through the normal Hub cache; a bundled checkpoint carries the backbone's weights itself.
+    """
+
+    config_class = RouterConfig
+    base_model_prefix = "backbone"
+    main_input_name = "input_ids"
+    # Attention support is the backbone's business; without these flags transformers would
+    # silently force eager attention on the wrapper (and refuse sdpa).
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flash_attn_2 = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    # The head is tiny and scores in float32 whatever dtype the backbone runs in.
+    _keep_in_fp32_modules = ["head"]
+    _keep_in_fp32_modules_strict = ["head"]
+
+    def __init__(self, config: RouterConfig, backbone: PreTrainedModel | None = None) -> None:
+        super().__init__(config)
+        if backbone is None:
+            # Fresh or bundled model: from_pretrained builds this on the meta device, then loads weights.
+            self.backbone = AutoModel.from_config(config.text_config)
+        self.head = build_head(config.embedding_dim, len(config.id2label), config.head_hidden_dim)
+        self.post_init()
+        if backbone is not None:
+            # Attached after post_init() so that weight initialisation never touches loaded weights.
+            self.backbone = backbone
+        self.backbone.requires_grad_(False)
+        self.backbone.eval()
+        self._backbone_takes = set(inspect.signature(self.backbone.forward).parameters)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # Only the head is ours (the backbone initialises itself). Zeros, like the trainer's x0.
+        if isinstance(module, nn.Linear) and any(module is m for m in self.head.modules()):
+            nn.init.zeros_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def train(self, mode: bool = True) -> RouterModel:
+        super().train(mode)
+        self.backbone.eval()  # frozen: dropout stays off even if a caller switches to training mode
+        return self
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        **kwargs: Any,
+    ) -> RouterOutput:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        token_counts = attention_mask.sum(dim=-1)
+        if bool((token_counts == 0).any()):
+            empty = (token_counts == 0).nonzero().flatten().tolist()
+            raise ValueError(
+                f"Query at batch position(s) {empty} has no tokens (an empty string?); a router cannot "
+                "score an empty query. Drop empty queries before routing."
+            )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if input_ids.shape[1] > self.config.truncation_length:
+            attention_mask, input_ids, token_type_ids = keep_first_tokens(
+                self.config.truncation_length, attention_mask, input_ids, token_type_ids
+            )
+
+        backbone_inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if "position_ids" in self._backbone_takes:
+            # Positions count real tokens only, so a left-padded query sees the positions it has alone.
+            backbone_inputs["position_ids"] = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        if "token_type_ids" in self._backbone_takes:
+            backbone_inputs["token_type_ids"] = token_type_ids
+        hidden_states = self.backbone(**backbone_inputs).last_hidden_state
+
+        embeddings = masked_mean_pool(hidden_states, attention_mask)
+        head_weight = next(self.head.parameters())
+        logits = self.head(embeddings.to(device=head_weight.device, dtype=head_weight.dtype))
+        return RouterOutput(logits=logits, embeddings=embeddings)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *model_args: Any,
+        config: PretrainedConfig | str | os.PathLike | None = None,
+        backbone_name_or_path: str | os.PathLike | None = None,
+        backbone_revision: str | None = None,
+        **kwargs: Any,
+    ) -> RouterModel:
+        """Load a router. `backbone_name_or_path` / `backbone_revision` override where a head-only
+        checkpoint's backbone weights come from (e.g. a local copy of Qwen/Qwen3-1.7B).
+
+        `dtype` defaults to the dtype recorded in config.json (float32 for converted releases, as
+        the reference ran); `dtype="auto"` (the pipeline default) means the same.
+        """
+        router_kwargs = {k: kwargs[k] for k in ("revision", "subfolder", *_HUB_KWARGS) if k in kwargs}
+        if not isinstance(config, PretrainedConfig):
+            config = RouterConfig.from_pretrained(config or pretrained_model_name_or_path, **router_kwargs)
+        attn_implementation = kwargs.pop("attn_implementation", None) or config._attn_implementation
+        dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+        if dtype in (None, "auto"):
+            dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+
+        if config.bundled_backbone:
+            kwargs.pop("torch_dtype", None)
+            model = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, config=config, dtype=dtype, **kwargs
+            )
+            router = model[0] if isinstance(model, tuple) else model  # tuple: output_loading_info=True
+            router.head.float()
+            router.eval()
+            return model
+
+        for key in _ROUTER_ONLY_KWARGS:
+            kwargs.pop(key, None)
+        source = backbone_name_or_path or config.backbone_name_or_path
+        if source is None:
+            raise ValueError(
+                "This router checkpoint holds only the head and config.backbone_name_or_path is empty: "
+                "pass backbone_name_or_path=<Hub id or local folder of the backbone>."
+            )
+        revision = backbone_revision if backbone_name_or_path else config.backbone_revision
+        text_config = config.text_config
+        if attn_implementation is not None:
+            text_config._attn_implementation = attn_implementation
+        try:
+            backbone = AutoModel.from_pretrained(
+                str(source), config=text_config, revision=revision, dtype=dtype, **kwargs
+            )
+        except Exception as err:  # transformers 4.x reports a missing offline checkpoint as AttributeError
+            raise OSError(
+                f"Cannot load this router's backbone '{source}' (revision {revision or 'main'}): {err} -- make it "
+                "reachable (network or Hub cache) or pass backbone_name_or_path=<local folder>."
+            ) from err
+
+        head_file = cached_file(pretrained_model_name_or_path, WEIGHTS_NAME, **router_kwargs)
+        state = load_file(head_file)
+        head_state = {key.removeprefix("head."): value for key, value in state.items() if key.startswith("head.")}
+        model = cls(config, backbone=backbone)
+        try:
+            model.head.load_state_dict(head_state, strict=True)
+        except RuntimeError as err:
+            raise ValueError(f"{head_file} does not hold this config's head ({err}).") from None
+        model.head.to(device=backbone.device, dtype=torch.float32)
+        model.config.name_or_path = str(pretrained_model_name_or_path)
+        return model.eval()
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """Save the config, the code files and the weights: the head only, unless the backbone is
+        bundled (`config.bundled_backbone = True`, one self-contained checkpoint)."""
+        state_dict = kwargs.pop("state_dict", None)
+        if state_dict is None:
+            state_dict = self.state_dict()
+        if not self.config.bundled_backbone:  # filter a caller's state_dict too (Trainer passes one)
+            state_dict = {key: value for key, value in state_dict.items() if key.startswith("head.")}
+        self.config.auto_map = dict(AUTO_MAP)
+        super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+        here = Path(__file__).resolve().parent
+        for name in CODE_FILES:
+            target = Path(save_directory) / name
+            if not target.exists() or not os.path.samefile(here / name, target):
+                shutil.copyfile(here / name, target)
