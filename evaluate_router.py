@@ -31,16 +31,20 @@ logger = logging.getLogger("benchgen_router.evaluate")
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     summary, _, details = __doc__.partition("\n\n")
-    parser = argparse.ArgumentParser(description=summary, epilog=details,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", help="converted router folder or Hub id (default: the bundled default router)")
     parser.add_argument("--rewards", required=True, help="rewards: local JSONL file or Hub dataset id")
     parser.add_argument("--tasks", required=True, help="task prompts: local JSONL file or Hub dataset id")
     parser.add_argument("--split", help="evaluate only the rows of this task split (default: every joined row)")
     parser.add_argument("--backbone", help="load the backbone from here instead of the id in the router's config")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"],
-                        help="backbone dtype (default: the router's, float32)")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16", "auto"],
+        help="backbone dtype (default: the router's, float32)",
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="queries per batch (default: 16)")
     parser.add_argument("--output-json", type=Path, help="also write the evaluation to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -63,22 +67,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, tokenizer = load_router(args.model, device=args.device, dtype=args.dtype, backbone=args.backbone)
     pool = model.config.agent_order
     if sorted(pool) != sorted(data.agents):
-        raise UsageError(f"the router's pool {pool} is not the rewards' agent_order {data.agents}; "
-                         "evaluate against rewards measured for this router's agents.")
+        raise UsageError(
+            f"the router's pool {pool} is not the rewards' agent_order {data.agents}; "
+            "evaluate against rewards measured for this router's agents."
+        )
     rewards = data.rewards[:, [data.agents.index(agent) for agent in pool]]  # columns in logit order
 
-    logits, _ = run_router(model, tokenizer, data.prompts, batch_size=args.batch_size, progress=not args.no_progress,
-                           desc="routing")
+    logits, _ = run_router(
+        model, tokenizer, data.prompts, batch_size=args.batch_size, progress=not args.no_progress, desc="routing"
+    )
     evaluation = evaluate_picks(logits.argmax(axis=1), rewards, pool)
     title = f"evaluation of {args.model or 'the default router'}" + (f" on split '{args.split}'" if args.split else "")
     print(format_evaluation(evaluation, title))
     if args.output_json is not None:
         with atomic_output(args.output_json) as handle:
-            json.dump({"model": args.model, "rewards": args.rewards, "split": args.split, **evaluation}, handle,
-                      indent=2)
+            json.dump(
+                {"model": args.model, "rewards": args.rewards, "split": args.split, **evaluation}, handle, indent=2
+            )
     if not evaluation["beats_best_fixed_agent"]:
-        logger.warning("warning: the router does not beat the best fixed agent (%s, %.4f) on these rows.",
-                       evaluation["best_fixed_agent_id"], evaluation["best_fixed_agent"])
+        logger.warning(
+            "warning: the router does not beat the best fixed agent (%s, %.4f) on these rows.",
+            evaluation["best_fixed_agent_id"],
+            evaluation["best_fixed_agent"],
+        )
     return 0
 
 

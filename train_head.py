@@ -84,43 +84,69 @@ KIND_NAMES = {str: "a string", int: "an integer", float: "a number"}
 
 def build_parser() -> argparse.ArgumentParser:
     summary, _, details = __doc__.partition("\n\n")
-    parser = argparse.ArgumentParser(description=summary, epilog=details,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     data = parser.add_argument_group("data")
     data.add_argument("--config", type=Path, help="JSON file with the reference trainer's keys (see below)")
     data.add_argument("--rewards", help="rewards: local JSONL file or Hub dataset id (e.g. benchgen/router-pilot)")
     data.add_argument("--tasks", help="task prompts: local JSONL file or Hub dataset id (benchgen/router-pilot-tasks)")
     data.add_argument("--rewards-id", help="what the manifest records as rewards_dataset (default: --rewards)")
     data.add_argument("--test-split", default=DEFAULT_TEST_SPLIT, help="task split held out (default: test)")
-    data.add_argument("--cv-folds", type=int, default=5,
-                      help="k of the k-fold cross-validation over all labelled rows; 0 skips it (default: 5)")
+    data.add_argument(
+        "--cv-folds",
+        type=int,
+        default=5,
+        help="k of the k-fold cross-validation over all labelled rows; 0 skips it (default: 5)",
+    )
 
     model = parser.add_argument_group("backbone and head")
-    model.add_argument("--backbone", default=DEFAULT_BACKBONE,
-                       help=f"backbone to embed with: Hub id or local folder (default: {DEFAULT_BACKBONE})")
-    model.add_argument("--backbone-id", help="backbone id the manifest records as backbone_model, when --backbone "
-                       "is a local copy of a Hub model (default: --backbone)")
+    model.add_argument(
+        "--backbone",
+        default=DEFAULT_BACKBONE,
+        help=f"backbone to embed with: Hub id or local folder (default: {DEFAULT_BACKBONE})",
+    )
+    model.add_argument(
+        "--backbone-id",
+        help="backbone id the manifest records as backbone_model, when --backbone "
+        "is a local copy of a Hub model (default: --backbone)",
+    )
     model.add_argument("--backbone-revision", help="backbone revision (branch, tag or commit) to load and record")
-    model.add_argument("--head-hidden-dim", type=int, default=0,
-                       help="0: linear head (default); H: tanh MLP with H hidden units")
-    model.add_argument("--truncation-length", type=int, default=REFERENCE_MAX_LENGTH,
-                       help="tokens kept per prompt, capped by the backbone's position limit (default: 1024)")
+    model.add_argument(
+        "--head-hidden-dim", type=int, default=0, help="0: linear head (default); H: tanh MLP with H hidden units"
+    )
+    model.add_argument(
+        "--truncation-length",
+        type=int,
+        default=REFERENCE_MAX_LENGTH,
+        help="tokens kept per prompt, capped by the backbone's position limit (default: 1024)",
+    )
     model.add_argument("--device", default="cpu", help="torch device for the backbone (default: cpu)")
-    model.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                       help="backbone dtype while embedding (default: float32, as the reference)")
+    model.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="backbone dtype while embedding (default: float32, as the reference)",
+    )
     model.add_argument("--batch-size", type=int, default=16, help="prompts per embedding batch (default: 16)")
-    model.add_argument("--cache-dir", type=Path, default=default_cache_dir(),
-                       help="embedding cache folder (default: %(default)s)")
+    model.add_argument(
+        "--cache-dir", type=Path, default=default_cache_dir(), help="embedding cache folder (default: %(default)s)"
+    )
     model.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
 
     search = parser.add_argument_group("search (separable CMA-ES)")
     search.add_argument("--sigma0", type=float, default=0.5, help="initial step size (default: 0.5)")
     search.add_argument("--generations", type=int, default=60, help="generations (default: 60)")
-    search.add_argument("--seed", type=int, default=42,
-                        help="seed of the search, the folds and any random split (default: 42)")
+    search.add_argument(
+        "--seed", type=int, default=42, help="seed of the search, the folds and any random split (default: 42)"
+    )
     search.add_argument("--popsize", type=int, help="candidates per generation (default: 4 + 3 ln(n_params))")
-    search.add_argument("--cma-library", choices=CMA_LIBRARIES, default=DEFAULT_CMA_LIBRARY,
-                        help=f"pycma with CMA_diagonal=True, or cmaes.SepCMA (default: {DEFAULT_CMA_LIBRARY})")
+    search.add_argument(
+        "--cma-library",
+        choices=CMA_LIBRARIES,
+        default=DEFAULT_CMA_LIBRARY,
+        help=f"pycma with CMA_diagonal=True, or cmaes.SepCMA (default: {DEFAULT_CMA_LIBRARY})",
+    )
 
     output = parser.add_argument_group("output")
     output.add_argument("--output-dir", help="folder for head_weights.npy and manifest.json")
@@ -162,8 +188,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.config is not None:
         parser.set_defaults(**read_config(args.config))
         args = parser.parse_args(argv)  # the command line overrides the file
-    missing = [flag for flag, value in (("--rewards", args.rewards), ("--tasks", args.tasks),
-                                        ("--output-dir", args.output_dir)) if not value]
+    missing = [
+        flag
+        for flag, value in (("--rewards", args.rewards), ("--tasks", args.tasks), ("--output-dir", args.output_dir))
+        if not value
+    ]
     if missing:
         raise UsageError(f"missing {', '.join(missing)} (on the command line or in --config).")
     checks = [
@@ -196,9 +225,18 @@ def read_card_note(note: str | None) -> str | None:
         raise UsageError(f"cannot read --card-note file {note[1:]} ({err.strerror or err}).") from None
 
 
-def build_manifest(args: argparse.Namespace, data: LabelledData, test: np.ndarray, how: str, result: SearchResult,
-                   embedding_dim: int, evaluation: dict[str, Any], cv: dict[str, Any] | None,
-                   truncation_length: int, timings: dict[str, float]) -> dict[str, Any]:
+def build_manifest(
+    args: argparse.Namespace,
+    data: LabelledData,
+    test: np.ndarray,
+    how: str,
+    result: SearchResult,
+    embedding_dim: int,
+    evaluation: dict[str, Any],
+    cv: dict[str, Any] | None,
+    truncation_length: int,
+    timings: dict[str, float],
+) -> dict[str, Any]:
     """Every REFERENCE.md manifest key, plus the evaluation, cross-validation and search settings."""
     theta = result.theta
     digest = hashlib.sha256(theta.tobytes() + json.dumps([args.backbone_id, data.agents]).encode()).hexdigest()
@@ -225,8 +263,13 @@ def build_manifest(args: argparse.Namespace, data: LabelledData, test: np.ndarra
         "truncation_length": truncation_length,
         "evaluation": evaluation,
         "cross_validation": cv,
-        "cma": {"library": result.library, "sigma0": args.sigma0, "seed": args.seed, "popsize": result.popsize,
-                "generations": args.generations},
+        "cma": {
+            "library": result.library,
+            "sigma0": args.sigma0,
+            "seed": args.seed,
+            "popsize": result.popsize,
+            "generations": args.generations,
+        },
         "timings": {key: round(value, 3) for key, value in timings.items()},
     }
 
@@ -235,10 +278,18 @@ def export(args: argparse.Namespace, card_note: str | None) -> None:
     """convert_npy.py on the files just written: the recorded backbone id, read from --backbone."""
     from convert_npy import convert
 
-    folder = convert(argparse.Namespace(manifest=args.output_dir / "manifest.json",
-                                        weights=args.output_dir / "head_weights.npy", output_dir=args.export,
-                                        backbone=args.backbone_id, backbone_revision=args.backbone_revision,
-                                        bundle_backbone=False, push_to_hub=None), load_from=args.backbone)
+    folder = convert(
+        argparse.Namespace(
+            manifest=args.output_dir / "manifest.json",
+            weights=args.output_dir / "head_weights.npy",
+            output_dir=args.export,
+            backbone=args.backbone_id,
+            backbone_revision=args.backbone_revision,
+            bundle_backbone=False,
+            push_to_hub=None,
+        ),
+        load_from=args.backbone,
+    )
     if card_note:
         readme = Path(folder) / "README.md"
         card, mode = readme.read_text(encoding="utf-8"), readme.stat().st_mode
@@ -253,20 +304,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     card_note = read_card_note(args.card_note)
     data = join_rewards(load_rows(args.rewards, "rewards"), load_rows(args.tasks, "tasks"))
     test, how = held_out_mask(data, args.test_split, args.seed)
-    logger.info("%d labelled rows, %d agents: %d train, %d held out (%s)", len(data), len(data.agents),
-                int((~test).sum()), int(test.sum()), how)
+    logger.info(
+        "%d labelled rows, %d agents: %d train, %d held out (%s)",
+        len(data),
+        len(data.agents),
+        int((~test).sum()),
+        int(test.sum()),
+        how,
+    )
 
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    embedded = embed_prompts(data.prompts, args.backbone, data.agents, revision=args.backbone_revision,
-                             dtype=args.dtype, truncation_length=args.truncation_length, device=args.device,
-                             batch_size=args.batch_size, cache_dir=None if args.no_cache else args.cache_dir,
-                             progress=progress)
+    embedded = embed_prompts(
+        data.prompts,
+        args.backbone,
+        data.agents,
+        revision=args.backbone_revision,
+        dtype=args.dtype,
+        truncation_length=args.truncation_length,
+        device=args.device,
+        batch_size=args.batch_size,
+        cache_dir=None if args.no_cache else args.cache_dir,
+        progress=progress,
+    )
     timings["embedding_seconds"] = time.perf_counter() - started
     embeddings, rewards = embedded.vectors.astype(np.float64), data.rewards
 
-    search = partial(search_head, hidden_dim=args.head_hidden_dim, sigma0=args.sigma0, generations=args.generations,
-                     seed=args.seed, popsize=args.popsize, library=args.cma_library)
+    search = partial(
+        search_head,
+        hidden_dim=args.head_hidden_dim,
+        sigma0=args.sigma0,
+        generations=args.generations,
+        seed=args.seed,
+        popsize=args.popsize,
+        library=args.cma_library,
+    )
     result = search(embeddings[~test], rewards[~test], progress=progress)
     timings["search_seconds"] = result.seconds
     picks = head_picks(result.theta, embeddings[test], len(data.agents), args.head_hidden_dim)
@@ -275,12 +347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     cv = None
     if args.cv_folds:
         started = time.perf_counter()
-        cv = cross_validate(embeddings, rewards, data.agents, args.cv_folds, args.seed, args.head_hidden_dim, search,
-                            progress=progress)
+        cv = cross_validate(
+            embeddings, rewards, data.agents, args.cv_folds, args.seed, args.head_hidden_dim, search, progress=progress
+        )
         timings["cross_validation_seconds"] = time.perf_counter() - started
 
-    manifest = build_manifest(args, data, test, how, result, embeddings.shape[1], evaluation, cv,
-                              embedded.truncation_length, timings)
+    manifest = build_manifest(
+        args, data, test, how, result, embeddings.shape[1], evaluation, cv, embedded.truncation_length, timings
+    )
     with staging_dir(args.output_dir) as staging:
         np.save(staging / "head_weights.npy", result.theta.astype(np.float64), allow_pickle=False)
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -288,15 +362,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.export is not None:
         export(args, card_note)
 
-    print(f"train reward {result.train_reward:.4f} after {result.generations_run} generations "
-          f"({result.library}, population {result.popsize}, {result.seconds:.1f} s)")
+    print(
+        f"train reward {result.train_reward:.4f} after {result.generations_run} generations "
+        f"({result.library}, population {result.popsize}, {result.seconds:.1f} s)"
+    )
     print(format_evaluation(evaluation, "held-out evaluation"))
     if cv is not None:
         print(format_cross_validation(cv))
     if not evaluation["beats_best_fixed_agent"]:
-        logger.warning("warning: the head does not beat the best fixed agent (%s, %.4f) on the held-out rows; "
-                       "routing adds nothing over always calling it.", evaluation["best_fixed_agent_id"],
-                       evaluation["best_fixed_agent"])
+        logger.warning(
+            "warning: the head does not beat the best fixed agent (%s, %.4f) on the held-out rows; "
+            "routing adds nothing over always calling it.",
+            evaluation["best_fixed_agent_id"],
+            evaluation["best_fixed_agent"],
+        )
     return 0
 
 

@@ -96,8 +96,14 @@ class LabelledData:
 
     def subset(self, mask: np.ndarray) -> LabelledData:
         keep = np.flatnonzero(mask)
-        return LabelledData(self.agents, [self.task_ids[i] for i in keep], [self.prompts[i] for i in keep],
-                            [self.splits[i] for i in keep], self.rewards[keep], self.skipped)
+        return LabelledData(
+            self.agents,
+            [self.task_ids[i] for i in keep],
+            [self.prompts[i] for i in keep],
+            [self.splits[i] for i in keep],
+            self.rewards[keep],
+            self.skipped,
+        )
 
 
 def _check_reward_row(row: dict[str, Any], number: int, agents: list[str] | None) -> tuple[str, list[str], np.ndarray]:
@@ -128,8 +134,9 @@ def _check_reward_row(row: dict[str, Any], number: int, agents: list[str] | None
     return task_id, order, rewards
 
 
-def join_rewards(reward_rows: Sequence[dict[str, Any]], task_rows: Sequence[dict[str, Any]],
-                 min_rows: int = MIN_TRAIN_ROWS) -> LabelledData:
+def join_rewards(
+    reward_rows: Sequence[dict[str, Any]], task_rows: Sequence[dict[str, Any]], min_rows: int = MIN_TRAIN_ROWS
+) -> LabelledData:
     """Join rewards with task prompts on task_id (REFERENCE.md), validating both.
 
     Reward rows whose task_id has no task row are skipped, as the reference does ("skip rows
@@ -169,8 +176,9 @@ def join_rewards(reward_rows: Sequence[dict[str, Any]], task_rows: Sequence[dict
         splits.append(None if split is None else str(split))
         rewards.append(values)
     if skipped:
-        logger.warning("skipped %d reward rows whose task_id is not in the tasks file (e.g. %s)",
-                       len(skipped), skipped[0])
+        logger.warning(
+            "skipped %d reward rows whose task_id is not in the tasks file (e.g. %s)", len(skipped), skipped[0]
+        )
     if len(task_ids) < min_rows:
         raise UsageError(
             f"only {len(task_ids)} reward rows join a task prompt on task_id (need at least {min_rows}); "
@@ -191,15 +199,18 @@ def held_out_mask(data: LabelledData, test_split: str, seed: int) -> tuple[np.nd
     if not mask.any():
         present = sorted({s for s in data.splits if s is not None})
         if test_split != DEFAULT_TEST_SPLIT:
-            raise UsageError(f"no joined row has split '{test_split}' (splits present: {present or 'none'}); "
-                             "pass one of those with --test-split.")
+            raise UsageError(
+                f"no joined row has split '{test_split}' (splits present: {present or 'none'}); "
+                "pass one of those with --test-split."
+            )
         count = max(1, round(FALLBACK_TEST_SHARE * len(data)))
         mask = np.zeros(len(data), dtype=bool)
         mask[np.random.default_rng(seed).permutation(len(data))[:count]] = True
         return mask, f"no row has split '{test_split}': seeded random {count} rows held out"
     if mask.all():
-        raise UsageError(f"every joined row has split '{test_split}', leaving nothing to train on; "
-                         "pass another --test-split.")
+        raise UsageError(
+            f"every joined row has split '{test_split}', leaving nothing to train on; pass another --test-split."
+        )
     return mask, f"split '{test_split}'"
 
 
@@ -269,8 +280,12 @@ def format_evaluation(evaluation: dict[str, Any], title: str) -> str:
 def format_cross_validation(cv: dict[str, Any]) -> str:
     """The k-fold estimate as a table: mean ± std over folds for the router and the baselines."""
     lines = [f"{cv['folds']}-fold cross-validation over {cv['rows']} labelled rows (mean ± std over folds)"]
-    for name, key in (("router", "router"), ("best fixed agent", "best_fixed"), ("uniform random agent", "random"),
-                      ("per-question oracle", "oracle")):
+    for name, key in (
+        ("router", "router"),
+        ("best fixed agent", "best_fixed"),
+        ("uniform random agent", "random"),
+        ("per-question oracle", "oracle"),
+    ):
         lines.append(f"{name:<22}  {cv[f'{key}_mean']:.4f} ± {cv[f'{key}_std']:.4f}")
     return "\n".join(lines)
 
@@ -342,9 +357,17 @@ class SearchResult:
     seconds: float
 
 
-def search_head(embeddings: np.ndarray, rewards: np.ndarray, hidden_dim: int = 0, sigma0: float = 0.5,
-                generations: int = 60, seed: int = 42, popsize: int | None = None,
-                library: str = DEFAULT_CMA_LIBRARY, progress: bool = False) -> SearchResult:
+def search_head(
+    embeddings: np.ndarray,
+    rewards: np.ndarray,
+    hidden_dim: int = 0,
+    sigma0: float = 0.5,
+    generations: int = 60,
+    seed: int = 42,
+    popsize: int | None = None,
+    library: str = DEFAULT_CMA_LIBRARY,
+    progress: bool = False,
+) -> SearchResult:
     """Separable CMA-ES over the flat head vector (REFERENCE.md "Search").
 
     x0 = zeros, fitness = mean training reward of the candidate's picks, maximised; every candidate
@@ -380,16 +403,30 @@ def search_head(embeddings: np.ndarray, rewards: np.ndarray, hidden_dim: int = 0
             top = int(np.argmax(scores))
             if scores[top] > best_reward:
                 best_theta, best_reward = candidates[top].copy(), float(scores[top])
-            history.append({"generation": generation, "best_reward": best_reward,
-                            "generation_best": float(scores[top]), "generation_mean": float(scores.mean())})
+            history.append(
+                {
+                    "generation": generation,
+                    "best_reward": best_reward,
+                    "generation_best": float(scores[top]),
+                    "generation_mean": float(scores.mean()),
+                }
+            )
             bar.set_postfix(best=f"{best_reward:.4f}")
-    return SearchResult(best_theta, best_reward, history, library, strategy.popsize, generations,
-                        time.perf_counter() - started)
+    return SearchResult(
+        best_theta, best_reward, history, library, strategy.popsize, generations, time.perf_counter() - started
+    )
 
 
-def cross_validate(embeddings: np.ndarray, rewards: np.ndarray, agents: Sequence[str], folds: int, seed: int,
-                   hidden_dim: int, search: Callable[[np.ndarray, np.ndarray], SearchResult],
-                   progress: bool = False) -> dict[str, Any]:
+def cross_validate(
+    embeddings: np.ndarray,
+    rewards: np.ndarray,
+    agents: Sequence[str],
+    folds: int,
+    seed: int,
+    hidden_dim: int,
+    search: Callable[[np.ndarray, np.ndarray], SearchResult],
+    progress: bool = False,
+) -> dict[str, Any]:
     """k-fold estimate over all labelled rows: train on k-1 folds with the same search settings,
     evaluate on the held-out fold, and report mean and standard deviation (ddof=1) over folds.
 
@@ -408,9 +445,17 @@ def cross_validate(embeddings: np.ndarray, rewards: np.ndarray, agents: Sequence
         result = search(embeddings[~test], rewards[~test])
         picks = head_picks(result.theta, embeddings[test], rewards.shape[1], hidden_dim)
         evaluation = evaluate_picks(picks, rewards[test], agents)
-        per_fold.append({"fold": fold, "rows": int(test.sum()), "train_reward": result.train_reward,
-                         "router": evaluation["router"], "best_fixed": evaluation["best_fixed_agent"],
-                         "random": evaluation["random_agent"], "oracle": evaluation["oracle"]})
+        per_fold.append(
+            {
+                "fold": fold,
+                "rows": int(test.sum()),
+                "train_reward": result.train_reward,
+                "router": evaluation["router"],
+                "best_fixed": evaluation["best_fixed_agent"],
+                "random": evaluation["random_agent"],
+                "oracle": evaluation["oracle"],
+            }
+        )
     summary: dict[str, Any] = {"folds": folds, "rows": rows, "seed": seed}
     for key in ("router", "best_fixed", "random", "oracle"):
         values = np.array([fold[key] for fold in per_fold])
@@ -445,8 +490,14 @@ def prompts_digest(prompts: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def embedding_cache_key(backbone_identity: str, revision: str | None, dtype: str, truncation_length: int,
-                        device: str, prompts: Sequence[str]) -> str:
+def embedding_cache_key(
+    backbone_identity: str,
+    revision: str | None,
+    dtype: str,
+    truncation_length: int,
+    device: str,
+    prompts: Sequence[str],
+) -> str:
     """Cache file name for one embedding run. Besides backbone, revision, dtype, truncation and the
     prompts, the key covers the serving code (modeling_router.py) and the torch / transformers
     versions: a cached embedding is reused only where the serving path would reproduce it."""
@@ -454,10 +505,17 @@ def embedding_cache_key(backbone_identity: str, revision: str | None, dtype: str
     import transformers
 
     code = hashlib.sha256((PROJECT_ROOT / "modeling_router.py").read_bytes()).hexdigest()
-    parts = {"backbone": backbone_identity, "revision": revision, "dtype": dtype,
-             "truncation_length": truncation_length, "device": device.split(":")[0],
-             "prompts": prompts_digest(prompts), "modeling_router": code,
-             "torch": torch.__version__, "transformers": transformers.__version__}
+    parts = {
+        "backbone": backbone_identity,
+        "revision": revision,
+        "dtype": dtype,
+        "truncation_length": truncation_length,
+        "device": device.split(":")[0],
+        "prompts": prompts_digest(prompts),
+        "modeling_router": code,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
 
 
@@ -469,9 +527,18 @@ class Embeddings:
     from_cache: bool
 
 
-def embed_prompts(prompts: Sequence[str], backbone: str, agents: Sequence[str], revision: str | None = None,
-                  dtype: str = "float32", truncation_length: int = 1024, device: str = "cpu", batch_size: int = 16,
-                  cache_dir: Path | None = None, progress: bool = False) -> Embeddings:
+def embed_prompts(
+    prompts: Sequence[str],
+    backbone: str,
+    agents: Sequence[str],
+    revision: str | None = None,
+    dtype: str = "float32",
+    truncation_length: int = 1024,
+    device: str = "cpu",
+    batch_size: int = 16,
+    cache_dir: Path | None = None,
+    progress: bool = False,
+) -> Embeddings:
     """Pooled embeddings of the prompts, computed by RouterModel (the class that serves) around the
     backbone, batched with a progress bar, and cached as a plain .npy (never pickled) so that a
     re-run or a hyper-parameter sweep does not embed again."""
@@ -490,16 +557,18 @@ def embed_prompts(prompts: Sequence[str], backbone: str, agents: Sequence[str], 
     effective = min(truncation_length, limit) if limit else truncation_length
     cache_file = None
     if cache_dir is not None:
-        key = embedding_cache_key(_backbone_fingerprint(backbone, text_config), revision, dtype, effective, device,
-                                  prompts)
+        key = embedding_cache_key(
+            _backbone_fingerprint(backbone, text_config), revision, dtype, effective, device, prompts
+        )
         cache_file = Path(cache_dir).expanduser() / f"{key}.npy"
         cached = _read_cache(cache_file, len(prompts), text_config.hidden_size)
         if cached is not None:
             logger.info("embeddings of %d prompts read from cache %s", len(prompts), cache_file)
             return Embeddings(cached, effective, cache_file, True)
 
-    model, tokenizer = backbone_router(backbone, agents, revision=revision, device=device, dtype=dtype,
-                                       truncation_length=truncation_length)
+    model, tokenizer = backbone_router(
+        backbone, agents, revision=revision, device=device, dtype=dtype, truncation_length=truncation_length
+    )
     if model.config.truncation_length != effective:
         raise RuntimeError(f"truncation length {model.config.truncation_length} != expected {effective}")
     _, vectors = run_router(model, tokenizer, prompts, batch_size=batch_size, progress=progress, desc="embedding")

@@ -49,13 +49,22 @@ def test_default_router_loads_offline_and_is_the_demonstration():
     assert "a demonstration, not the release" in card and "Qwen/Qwen3-1.7B" in card
     training = model.config.training
     assert (training["n_train"], training["n_test"]) == (35, 11) and training["cross_validation"]["folds"] == 5
-    for figure in (training["test_reward"], training["baselines"]["best_fixed_agent"],
-                   training["cross_validation"]["router_mean"]):
+    for figure in (
+        training["test_reward"],
+        training["baselines"]["best_fixed_agent"],
+        training["cross_validation"]["router_mean"],
+    ):
         assert f"{figure:.4f}" in card
     # the converted folder only: never the pilot data
     assert {p.name for p in DEFAULT_ROUTER_DIR.iterdir()} == {
-        "README.md", "config.json", "configuration_router.py", "modeling_router.py", "model.safetensors",
-        "tokenizer.json", "tokenizer_config.json"}
+        "README.md",
+        "config.json",
+        "configuration_router.py",
+        "modeling_router.py",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
 
 
 @pytest.mark.skipif(not (PILOT / "tasks.v1.jsonl").exists(), reason=f"pilot data not found at {PILOT} (CI has it)")

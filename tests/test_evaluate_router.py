@@ -28,23 +28,66 @@ def trained(tmp_path_factory, backbone_dir):
     rewards, tasks = [], []
     for i, prompt in enumerate(make_queries(30, seed=21)):
         split = "test" if i % 4 == 0 else "train"
-        rewards.append({"task_id": f"q{i}", "agent_order": AGENTS, "split": split,
-                        "mean_reward": [float(v) for v in rng.choice([0, 1 / 3, 2 / 3, 1], size=5)]})
+        rewards.append(
+            {
+                "task_id": f"q{i}",
+                "agent_order": AGENTS,
+                "split": split,
+                "mean_reward": [float(v) for v in rng.choice([0, 1 / 3, 2 / 3, 1], size=5)],
+            }
+        )
         tasks.append({"task_id": f"q{i}", "prompt": prompt, "split": split})
-    files = {"rewards": write_jsonl(folder / "rewards.jsonl", rewards),
-             "tasks": write_jsonl(folder / "tasks.jsonl", tasks)}
-    assert run_cli(train_main, ["--rewards", str(files["rewards"]), "--tasks", str(files["tasks"]),
-                                "--backbone", str(backbone_dir), "--output-dir", str(folder / "out"),
-                                "--export", str(folder / "router"), "--generations", "15", "--cv-folds", "0",
-                                "--no-cache", "--no-progress"]) == 0
+    files = {
+        "rewards": write_jsonl(folder / "rewards.jsonl", rewards),
+        "tasks": write_jsonl(folder / "tasks.jsonl", tasks),
+    }
+    assert (
+        run_cli(
+            train_main,
+            [
+                "--rewards",
+                str(files["rewards"]),
+                "--tasks",
+                str(files["tasks"]),
+                "--backbone",
+                str(backbone_dir),
+                "--output-dir",
+                str(folder / "out"),
+                "--export",
+                str(folder / "router"),
+                "--generations",
+                "15",
+                "--cv-folds",
+                "0",
+                "--no-cache",
+                "--no-progress",
+            ],
+        )
+        == 0
+    )
     manifest = json.loads((folder / "out" / "manifest.json").read_text())
     return folder, files, manifest, rewards, tasks
 
 
 def evaluate(folder: Path, rewards: Path, tasks: Path, backbone: Path, *extra: str) -> dict:
     out = folder / f"evaluation-{len(list(folder.glob('evaluation-*')))}.json"
-    code = run_cli(evaluate_main, ["--model", str(folder / "router"), "--rewards", str(rewards), "--tasks", str(tasks),
-                                   "--backbone", str(backbone), "--output-json", str(out), "--no-progress", *extra])
+    code = run_cli(
+        evaluate_main,
+        [
+            "--model",
+            str(folder / "router"),
+            "--rewards",
+            str(rewards),
+            "--tasks",
+            str(tasks),
+            "--backbone",
+            str(backbone),
+            "--output-json",
+            str(out),
+            "--no-progress",
+            *extra,
+        ],
+    )
     assert code == 0
     return json.loads(out.read_text())
 
@@ -68,8 +111,10 @@ def test_every_row_by_default_and_any_column_order(trained, backbone_dir, tmp_pa
     everything = evaluate(folder, files["rewards"], files["tasks"], backbone_dir)
     assert everything["rows"] == 30 and sum(everything["picks"].values()) == 30
     order = [4, 2, 0, 3, 1]  # the same measurements with the pool listed in another order
-    shuffled = [{**row, "agent_order": [AGENTS[i] for i in order],
-                 "mean_reward": [row["mean_reward"][i] for i in order]} for row in rewards]
+    shuffled = [
+        {**row, "agent_order": [AGENTS[i] for i in order], "mean_reward": [row["mean_reward"][i] for i in order]}
+        for row in rewards
+    ]
     again = evaluate(folder, write_jsonl(tmp_path / "shuffled.jsonl", shuffled), files["tasks"], backbone_dir)
     assert again["picks"] == everything["picks"]
     for key in ("router", "best_fixed_agent", "random_agent", "oracle", "headroom_share"):
@@ -86,17 +131,28 @@ def test_rewards_for_another_pool_or_split_are_refused(trained, backbone_dir, tm
     assert line.startswith("error: the router's pool ") and "someone_else" in line
     assert run_cli(evaluate_main, [*args, "--rewards", str(files["rewards"]), "--split", "validation"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: no joined row has split 'validation' (splits present: ['test', 'train']).")
+        "error: no joined row has split 'validation' (splits present: ['test', 'train'])."
+    )
 
 
 def test_cli_prints_the_table_and_exits_0(trained, backbone_dir):
     folder, files, manifest, _, _ = trained
-    result = run_tool("evaluate_router.py", "--model", folder / "router", "--rewards", files["rewards"],
-                      "--tasks", files["tasks"], "--backbone", backbone_dir, "--split", "test", "--no-progress")
+    result = run_tool(
+        "evaluate_router.py",
+        "--model",
+        folder / "router",
+        "--rewards",
+        files["rewards"],
+        "--tasks",
+        files["tasks"],
+        "--backbone",
+        backbone_dir,
+        "--split",
+        "test",
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    # (load_router's tokenizer load can leave transformers' trust_remote_code prompt on stdout before the table)
-    title = next(i for i, line in enumerate(lines) if "evaluation of " in line)
-    assert lines[title].endswith("on split 'test' (8 rows)")
-    assert lines[title + 3].split() == ["router", f"{manifest['evaluation']['router']:.4f}"]
+    assert lines[0] == f"evaluation of {folder / 'router'} on split 'test' (8 rows)"  # stdout is the table only
+    assert lines[3].split() == ["router", f"{manifest['evaluation']['router']:.4f}"]
     assert sum(int(line.split()[-1]) for line in lines if line.startswith("picks: ")) == 8

@@ -25,11 +25,28 @@ from training import (
     search_head,
 )
 
-REFERENCE_KEYS = {"model_id", "backbone_model", "rewards_dataset", "agent_order", "embedding_dim", "head_hidden_dim",
-                  "n_head_params", "n_total", "n_train", "n_test", "train_reward", "test_reward", "baselines",
-                  "beats_best_fixed_agent", "cma_generations_run", "history", "duration_seconds"}
-needs_pilot = pytest.mark.skipif(not (PILOT / "rewards.jsonl").exists(),
-                                 reason=f"real pilot data not found at {PILOT} (CI has it)")
+REFERENCE_KEYS = {
+    "model_id",
+    "backbone_model",
+    "rewards_dataset",
+    "agent_order",
+    "embedding_dim",
+    "head_hidden_dim",
+    "n_head_params",
+    "n_total",
+    "n_train",
+    "n_test",
+    "train_reward",
+    "test_reward",
+    "baselines",
+    "beats_best_fixed_agent",
+    "cma_generations_run",
+    "history",
+    "duration_seconds",
+}
+needs_pilot = pytest.mark.skipif(
+    not (PILOT / "rewards.jsonl").exists(), reason=f"real pilot data not found at {PILOT} (CI has it)"
+)
 
 
 def clustered(rows: int = 100, dim: int = 16, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -59,8 +76,14 @@ def synthetic_rows(count: int = 14, seed: int = 0) -> tuple[list[dict], list[dic
     rewards, tasks = [], []
     for i, prompt in enumerate(prompts):
         split = "test" if i >= count - 4 else "train"
-        rewards.append({"task_id": f"t{i}", "agent_order": list(AGENTS), "split": split,
-                        "mean_reward": [round(float(v), 4) for v in rng.uniform(size=len(AGENTS))]})
+        rewards.append(
+            {
+                "task_id": f"t{i}",
+                "agent_order": list(AGENTS),
+                "split": split,
+                "mean_reward": [round(float(v), 4) for v in rng.uniform(size=len(AGENTS))],
+            }
+        )
         tasks.append({"task_id": f"t{i}", "prompt": prompt, "split": split})
     return rewards, tasks
 
@@ -166,10 +189,27 @@ def pilot_run(tmp_path_factory, backbone_dir):
     folder = tmp_path_factory.mktemp("pilot-run")
     note = folder / "note.md"
     note.write_text("## Demonstration\n\nA test note.\n")
-    args = ["--rewards", PILOT / "rewards.jsonl", "--tasks", PILOT / "tasks.v1.jsonl", "--backbone", backbone_dir,
-            "--backbone-id", "test-org/tiny-qwen3", "--rewards-id", "benchgen/router-pilot",
-            "--output-dir", folder / "out", "--export", folder / "router", "--card-note", f"@{note}",
-            "--cache-dir", folder / "cache", "--no-progress"]
+    args = [
+        "--rewards",
+        PILOT / "rewards.jsonl",
+        "--tasks",
+        PILOT / "tasks.v1.jsonl",
+        "--backbone",
+        backbone_dir,
+        "--backbone-id",
+        "test-org/tiny-qwen3",
+        "--rewards-id",
+        "benchgen/router-pilot",
+        "--output-dir",
+        folder / "out",
+        "--export",
+        folder / "router",
+        "--card-note",
+        f"@{note}",
+        "--cache-dir",
+        folder / "cache",
+        "--no-progress",
+    ]
     result = run_tool("train_head.py", *args)
     assert result.returncode == 0, result.stderr
     return folder, result, args
@@ -187,7 +227,10 @@ def test_full_pilot_run_writes_the_reference_manifest(pilot_run):
     assert manifest["cma_generations_run"] == 60 and len(manifest["history"]) == 60
     assert manifest["cma"] == {"library": "pycma", "sigma0": 0.5, "seed": 42, "popsize": 19, "generations": 60}
     assert [round(manifest["baselines"][k], 4) for k in ("best_fixed_agent", "random_agent", "oracle")] == [
-        0.7879, 0.6364, 0.8485]
+        0.7879,
+        0.6364,
+        0.8485,
+    ]
     theta = np.load(folder / "out" / "head_weights.npy", allow_pickle=False)
     assert theta.dtype == np.float64 and theta.shape == (165,)
 
@@ -235,8 +278,12 @@ def test_trainer_output_round_trips_through_convert_into_the_pipeline(pilot_run,
     data = pilot_data("rewards.jsonl")
     numpy_picks = [AGENTS[i] for i in head_picks(theta, embeddings, len(AGENTS), 0)]
 
-    router = pipeline("text-classification", model=str(folder / "router"), trust_remote_code=True,
-                      model_kwargs={"backbone_name_or_path": str(backbone_dir)})
+    router = pipeline(
+        "text-classification",
+        model=str(folder / "router"),
+        trust_remote_code=True,
+        model_kwargs={"backbone_name_or_path": str(backbone_dir)},
+    )
     assert [out["label"] for out in router(data.prompts, batch_size=8)] == numpy_picks
 
     config = json.loads((folder / "router" / "config.json").read_text())
@@ -249,8 +296,16 @@ def test_trainer_output_round_trips_through_convert_into_the_pipeline(pilot_run,
 def test_rerun_reads_the_embedding_cache_and_reproduces_the_head(pilot_run, tmp_path):
     folder, _, args = pilot_run
     out = tmp_path / "again"
-    rerun = [*args[: args.index("--output-dir")], "--output-dir", out, "--cache-dir", folder / "cache",
-             "--cv-folds", "0", "--no-progress"]
+    rerun = [
+        *args[: args.index("--output-dir")],
+        "--output-dir",
+        out,
+        "--cache-dir",
+        folder / "cache",
+        "--cv-folds",
+        "0",
+        "--no-progress",
+    ]
     result = run_tool("train_head.py", *rerun)
     assert result.returncode == 0, result.stderr
     assert "read from cache" in result.stderr and len(list((folder / "cache").glob("*.npy"))) == 1
@@ -266,15 +321,37 @@ def test_reference_config_file_with_an_mlp_head(tmp_path, backbone_dir):
     rewards, tasks = synthetic_rows(20, seed=2)
     for row in tasks[:5]:
         row["split"] = "validation"
-    config = {"model_id": "head-from-config", "model": str(backbone_dir),
-              "rewards_dataset": str(write_jsonl(tmp_path / "rewards.jsonl", rewards)),
-              "tasks_path": str(write_jsonl(tmp_path / "tasks.jsonl", tasks)), "test_split": "validation",
-              "head_hidden_dim": 4, "cma_seed": 7, "cma_sigma0": 0.3, "cma_generations": 9,
-              "cma_population_size": 8, "device": "cpu", "output_dir": str(tmp_path / "out")}
+    config = {
+        "model_id": "head-from-config",
+        "model": str(backbone_dir),
+        "rewards_dataset": str(write_jsonl(tmp_path / "rewards.jsonl", rewards)),
+        "tasks_path": str(write_jsonl(tmp_path / "tasks.jsonl", tasks)),
+        "test_split": "validation",
+        "head_hidden_dim": 4,
+        "cma_seed": 7,
+        "cma_sigma0": 0.3,
+        "cma_generations": 9,
+        "cma_population_size": 8,
+        "device": "cpu",
+        "output_dir": str(tmp_path / "out"),
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    code = run_cli(train_main, ["--config", str(tmp_path / "config.json"), "--generations", "5", "--cv-folds", "3",
-                                "--cache-dir", str(tmp_path / "cache"), "--export", str(tmp_path / "router"),
-                                "--no-progress"])
+    code = run_cli(
+        train_main,
+        [
+            "--config",
+            str(tmp_path / "config.json"),
+            "--generations",
+            "5",
+            "--cv-folds",
+            "3",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--export",
+            str(tmp_path / "router"),
+            "--no-progress",
+        ],
+    )
     assert code == 0
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["model_id"] == "head-from-config" and manifest["n_test"] == 5 and manifest["n_train"] == 15
@@ -295,10 +372,22 @@ def test_warns_when_the_head_cannot_beat_the_best_fixed_agent(tmp_path, backbone
     rewards, tasks = synthetic_rows(12, seed=4)
     for row in rewards:  # open_mid always succeeds alone: there is no routing headroom at all
         row["mean_reward"] = [0.0, 0.0, 0.0, 1.0, 0.0]
-    args = ["--rewards", str(write_jsonl(tmp_path / "r.jsonl", rewards)),
-            "--tasks", str(write_jsonl(tmp_path / "t.jsonl", tasks)), "--backbone", str(backbone_dir),
-            "--output-dir", str(tmp_path / "out"), "--generations", "3", "--cv-folds", "0", "--no-cache",
-            "--no-progress"]
+    args = [
+        "--rewards",
+        str(write_jsonl(tmp_path / "r.jsonl", rewards)),
+        "--tasks",
+        str(write_jsonl(tmp_path / "t.jsonl", tasks)),
+        "--backbone",
+        str(backbone_dir),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--generations",
+        "3",
+        "--cv-folds",
+        "0",
+        "--no-cache",
+        "--no-progress",
+    ]
     with caplog.at_level("WARNING"):
         assert run_cli(train_main, args) == 0
     assert "does not beat the best fixed agent (open_mid, 1.0000)" in caplog.text
@@ -334,27 +423,50 @@ def _break(kind: str, rewards: list[dict], tasks: list[dict]) -> str:
 def test_bad_data_stops_with_one_line(kind, tmp_path, backbone_dir, capsys):
     rewards, tasks = synthetic_rows(14)
     expected = _break(kind, rewards, tasks)
-    code = run_cli(train_main, ["--rewards", str(write_jsonl(tmp_path / "r.jsonl", rewards)),
-                                "--tasks", str(write_jsonl(tmp_path / "t.jsonl", tasks)),
-                                "--backbone", str(backbone_dir), "--output-dir", str(tmp_path / "out")])
+    code = run_cli(
+        train_main,
+        [
+            "--rewards",
+            str(write_jsonl(tmp_path / "r.jsonl", rewards)),
+            "--tasks",
+            str(write_jsonl(tmp_path / "t.jsonl", tasks)),
+            "--backbone",
+            str(backbone_dir),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: ") and expected in err[-1]
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("extra", "expected"), [
-    (["--test-split", "holdout"],
-     "error: no joined row has split 'holdout' (splits present: ['test', 'train']); "
-     "pass one of those with --test-split."),
-    (["--generations", "0"], "error: --generations must be at least 1."),
-    (["--cv-folds", "1"], "error: --cv-folds must be 0 (skip) or at least 2."),
-    (["--popsize", "1"], "error: --popsize must be at least 2."),
-])
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["--test-split", "holdout"],
+            "error: no joined row has split 'holdout' (splits present: ['test', 'train']); "
+            "pass one of those with --test-split.",
+        ),
+        (["--generations", "0"], "error: --generations must be at least 1."),
+        (["--cv-folds", "1"], "error: --cv-folds must be 0 (skip) or at least 2."),
+        (["--popsize", "1"], "error: --popsize must be at least 2."),
+    ],
+)
 def test_bad_options_stop_with_one_line(extra, expected, tmp_path, backbone_dir, capsys):
     rewards, tasks = synthetic_rows(14)
-    args = ["--rewards", str(write_jsonl(tmp_path / "r.jsonl", rewards)),
-            "--tasks", str(write_jsonl(tmp_path / "t.jsonl", tasks)), "--backbone", str(backbone_dir),
-            "--output-dir", str(tmp_path / "out"), *extra]
+    args = [
+        "--rewards",
+        str(write_jsonl(tmp_path / "r.jsonl", rewards)),
+        "--tasks",
+        str(write_jsonl(tmp_path / "t.jsonl", tasks)),
+        "--backbone",
+        str(backbone_dir),
+        "--output-dir",
+        str(tmp_path / "out"),
+        *extra,
+    ]
     assert run_cli(train_main, args) == 2
     assert capsys.readouterr().err.strip().splitlines() == [expected]
     assert not (tmp_path / "out").exists()
@@ -362,12 +474,20 @@ def test_bad_options_stop_with_one_line(extra, expected, tmp_path, backbone_dir,
 
 @pytest.mark.skipif(find_spec("datasets") is not None, reason="the datasets package is installed here")
 def test_hub_dataset_id_without_datasets_package_is_one_clear_line(tmp_path):
-    result = run_tool("train_head.py", "--rewards", "benchgen/router-pilot", "--tasks", "benchgen/router-pilot-tasks",
-                      "--output-dir", tmp_path / "out")
+    result = run_tool(
+        "train_head.py",
+        "--rewards",
+        "benchgen/router-pilot",
+        "--tasks",
+        "benchgen/router-pilot-tasks",
+        "--output-dir",
+        tmp_path / "out",
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: rewards 'benchgen/router-pilot' is not a local file and reading Hub datasets needs the `datasets` "
-        "package; pass a local JSONL file (or pip install datasets)."]
+        "package; pass a local JSONL file (or pip install datasets)."
+    ]
     assert not (tmp_path / "out").exists()
 
 
@@ -376,4 +496,5 @@ def test_bad_config_value_is_one_line(tmp_path):
     result = run_tool("train_head.py", "--config", tmp_path / "config.json")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: config file {tmp_path / 'config.json'}: 'cma_generations' must be an integer, got 'sixty'."]
+        f"error: config file {tmp_path / 'config.json'}: 'cma_generations' must be an integer, got 'sixty'."
+    ]
