@@ -228,6 +228,17 @@ def load_backbone_parts(backbone: str, revision: str | None) -> tuple[Any, Any]:
     return backbone_config, tokenizer
 
 
+def trailing_special_tokens(tokenizer: Any) -> int:
+    """How many special tokens the tokenizer appends after the text (BERT's [SEP]: 1, Qwen: 0), so
+    the model's own truncation keeps them as tokenizer truncation does."""
+    plain = tokenizer("routing", add_special_tokens=False)["input_ids"]
+    full = tokenizer("routing")["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return len(full) - start - len(plain)
+    return 0
+
+
 def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
     """Validate, then write the Hub folder. load_from: where to read the backbone's config, tokenizer
     (and weights when bundling) if not from the recorded id itself, e.g. a local copy of it."""
@@ -240,6 +251,12 @@ def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
         raise UsageError(f"manifest {args.manifest} names no backbone_model; pass --backbone ID_OR_PATH.")
 
     backbone_config, tokenizer = load_backbone_parts(load_from or backbone, args.backbone_revision)
+    backbone_config._name_or_path = backbone  # the recorded id, also when read from a local copy
+    truncation_length = int(manifest.get("truncation_length", REFERENCE_MAX_LENGTH))
+    position_limit = getattr(backbone_config, "max_position_embeddings", None)
+    if position_limit is not None and truncation_length > position_limit:
+        logger.info("truncating queries to %d tokens: the backbone's position limit", position_limit)
+        truncation_length = position_limit
     if backbone_config.hidden_size != dim:
         raise UsageError(
             f"backbone '{backbone}' has hidden size {backbone_config.hidden_size} but the head expects "
@@ -271,7 +288,8 @@ def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
         backbone_revision=args.backbone_revision,
         bundled_backbone=args.bundle_backbone,
         head_hidden_dim=hidden,
-        truncation_length=int(manifest.get("truncation_length", REFERENCE_MAX_LENGTH)),
+        truncation_length=truncation_length,
+        truncation_suffix_tokens=trailing_special_tokens(tokenizer),
         training={key: manifest[key] for key in provenance_keys if key in manifest},
         id2label=dict(enumerate(agents)),
         label2id={agent: i for i, agent in enumerate(agents)},

@@ -142,10 +142,13 @@ def staging_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix=f".{final.name}.tmp-", dir=final.parent) as tmp:
         yield Path(tmp)
         final.mkdir(parents=True, exist_ok=True)
+        umask = os.umask(0)
+        os.umask(umask)
         for source in sorted(Path(tmp).rglob("*")):
             if source.is_file():
                 target = final / source.relative_to(tmp)
                 target.parent.mkdir(parents=True, exist_ok=True)
+                os.chmod(source, 0o666 & ~umask)  # writers that stage via mkstemp leave 0600
                 os.replace(source, target)
 
 

@@ -33,6 +33,10 @@ class RouterConfig(PretrainedConfig):
             0 for a linear head (`logits = emb @ W + b`); H > 0 for `tanh(emb @ W1 + b1) @ W2 + b2`.
         truncation_length (`int`, *optional*, defaults to 1024):
             Queries are truncated to this many tokens, as they were when the head was trained.
+        truncation_suffix_tokens (`int`, *optional*, defaults to 0):
+            Special tokens the tokenizer appends after the text (1 for BERT's `[SEP]`, 0 for Qwen).
+            When the model truncates a long query itself, it keeps these last tokens, as
+            tokenizer truncation does.
         training (`dict`, *optional*):
             Provenance copied from the trainer's manifest (rewards dataset, split sizes, rewards,
             baselines, ...). Informational only: nothing at inference time reads it.
@@ -51,6 +55,7 @@ class RouterConfig(PretrainedConfig):
         bundled_backbone: bool = False,
         head_hidden_dim: int = 0,
         truncation_length: int = DEFAULT_TRUNCATION_LENGTH,
+        truncation_suffix_tokens: int = 0,
         training: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -69,6 +74,7 @@ class RouterConfig(PretrainedConfig):
         self.bundled_backbone = bundled_backbone
         self.head_hidden_dim = head_hidden_dim
         self.truncation_length = truncation_length
+        self.truncation_suffix_tokens = truncation_suffix_tokens
         self.training = training or {}
         super().__init__(**kwargs)
 

