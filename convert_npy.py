@@ -24,8 +24,12 @@ from router_utils import (
     PROJECT_ROOT,
     REFERENCE_MAX_LENGTH,
     UsageError,
+    first_line,
     head_param_count,
+    load_backbone_config,
+    load_backbone_tokenizer,
     read_json,
+    router_config,
     run_cli,
     staging_dir,
     theta_to_state_dict,
@@ -195,14 +199,15 @@ from transformers import AutoModel, AutoTokenizer, pipeline
 router = pipeline("text-classification", model="<this repo>", trust_remote_code=True)
 router("What is the derivative of x^3 + 2x?")  # [{{'label': '<agent id>', 'score': ...}}]
 
-tokenizer = AutoTokenizer.from_pretrained("<this repo>")
+tokenizer = AutoTokenizer.from_pretrained("<this repo>", trust_remote_code=True)
 model = AutoModel.from_pretrained("<this repo>", trust_remote_code=True)
 logits = model(**tokenizer(["a query"], return_tensors="pt")).logits
 picked = model.config.id2label[int(logits.argmax(-1))]
 ```
 
-Queries are truncated to their first {config.truncation_length} tokens, as in training. An empty query
-raises a `ValueError`. The backbone runs in float32 unless `dtype=` asks otherwise.
+Queries are truncated to {config.truncation_length} tokens, as in training. An empty query (no tokens
+besides the tokenizer's special ones) raises a `ValueError`. The backbone runs in float32 unless
+`dtype=` asks otherwise.
 
 ## Limitations
 
@@ -213,30 +218,32 @@ raises a `ValueError`. The backbone runs in float32 unless `dtype=` asks otherwi
 """
 
 
-def load_backbone_parts(backbone: str, revision: str | None) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoTokenizer
+# Files a conversion writes besides config, code and card: removed from the output folder first, so
+# stale weights (old shards, an index) or another backbone's tokenizer files never survive next to the new ones.
+REPLACED_PATTERNS = (
+    "model*.safetensors*",
+    "pytorch_model*.bin*",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "chat_template.*",
+)
 
-    try:
-        backbone_config = AutoConfig.from_pretrained(backbone, revision=revision)
-        tokenizer = AutoTokenizer.from_pretrained(backbone, revision=revision)
-    except (OSError, ValueError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UsageError(
-            f"cannot load the backbone '{backbone}' ({first_line}); pass --backbone with a local folder "
-            "or a Hub id reachable from here."
-        ) from None
-    return backbone_config, tokenizer
 
-
-def trailing_special_tokens(tokenizer: Any) -> int:
-    """How many special tokens the tokenizer appends after the text (BERT's [SEP]: 1, Qwen: 0), so
-    the model's own truncation keeps them as tokenizer truncation does."""
-    plain = tokenizer("routing", add_special_tokens=False)["input_ids"]
-    full = tokenizer("routing")["input_ids"]
-    for start in range(len(full) - len(plain) + 1):
-        if full[start : start + len(plain)] == plain:
-            return len(full) - start - len(plain)
-    return 0
+def validate_provenance(manifest: dict[str, Any], path: Path) -> None:
+    """The optional keys the converter reads beyond the reference's four must have the right shape."""
+    limit = manifest.get("truncation_length", REFERENCE_MAX_LENGTH)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise UsageError(f"manifest {path}: truncation_length must be a positive integer, got {limit!r}.")
+    for key in ("baselines", "cross_validation"):
+        if key in manifest and manifest[key] is not None and not isinstance(manifest[key], dict):
+            raise UsageError(f"manifest {path}: {key} must be a JSON object, got {manifest[key]!r}.")
+    cv = manifest.get("cross_validation") or {}
+    missing = [k for k in ("folds", "router_mean", "router_std", "best_fixed_mean") if cv and k not in cv]
+    if missing:
+        raise UsageError(f"manifest {path}: cross_validation lacks {missing}; pass the manifest the trainer wrote.")
 
 
 def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
@@ -250,20 +257,18 @@ def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
     if not backbone:
         raise UsageError(f"manifest {args.manifest} names no backbone_model; pass --backbone ID_OR_PATH.")
 
-    backbone_config, tokenizer = load_backbone_parts(load_from or backbone, args.backbone_revision)
+    validate_provenance(manifest, args.manifest)
+    # The trainer pins the revision it embedded with; it applies unless another backbone is named.
+    revision = args.backbone_revision or (None if args.backbone else manifest.get("backbone_revision"))
+    backbone_config = load_backbone_config(load_from or backbone, revision)
+    tokenizer = load_backbone_tokenizer(load_from or backbone, revision)
     backbone_config._name_or_path = backbone  # the recorded id, also when read from a local copy
-    truncation_length = int(manifest.get("truncation_length", REFERENCE_MAX_LENGTH))
-    position_limit = getattr(backbone_config, "max_position_embeddings", None)
-    if position_limit is not None and truncation_length > position_limit:
-        logger.info("truncating queries to %d tokens: the backbone's position limit", position_limit)
-        truncation_length = position_limit
     if backbone_config.hidden_size != dim:
         raise UsageError(
             f"backbone '{backbone}' has hidden size {backbone_config.hidden_size} but the head expects "
             f"embedding_dim={dim}; pass the backbone the head was trained on."
         )
 
-    from configuration_router import RouterConfig
     from modeling_router import AUTO_MAP, CODE_FILES
 
     provenance_keys = (
@@ -282,18 +287,19 @@ def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
         "duration_seconds",
         "cross_validation",
     )
-    config = RouterConfig(
-        text_config=backbone_config,
-        backbone_name_or_path=backbone,
-        backbone_revision=args.backbone_revision,
+    # 5.x names generic tokenizer.json tokenizers "TokenizersBackend", a class 4.x does not have.
+    tokenizer_class = type(tokenizer).__name__.replace("TokenizersBackend", "PreTrainedTokenizerFast")
+    config = router_config(
+        backbone_config,
+        tokenizer,
+        backbone,
+        agents,
+        hidden,
+        revision,
+        truncation_length=manifest.get("truncation_length", REFERENCE_MAX_LENGTH),
         bundled_backbone=args.bundle_backbone,
-        head_hidden_dim=hidden,
-        truncation_length=truncation_length,
-        truncation_suffix_tokens=trailing_special_tokens(tokenizer),
         training={key: manifest[key] for key in provenance_keys if key in manifest},
-        id2label=dict(enumerate(agents)),
-        label2id={agent: i for i, agent in enumerate(agents)},
-        tokenizer_class=type(tokenizer).__name__,
+        tokenizer_class=tokenizer_class,
         architectures=["RouterModel"],
     )
     config.dtype = "float32"  # the reference embeds in float32; "auto" loading resolves to this
@@ -301,7 +307,7 @@ def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
     with staging_dir(args.output_dir) as staging:
         state = theta_to_state_dict(theta, dim, len(agents), hidden)
         if args.bundle_backbone:
-            save_bundled(config, state, load_from or backbone, args.backbone_revision, staging)
+            save_bundled(config, state, load_from or backbone, revision, staging)
         else:
             from safetensors.torch import save_file
 
@@ -311,9 +317,18 @@ def convert(args: argparse.Namespace, load_from: str | None = None) -> Path:
             for name in CODE_FILES:
                 shutil.copyfile(PROJECT_ROOT / name, staging / name)
         tokenizer.save_pretrained(staging)
+        tokenizer_config = staging / "tokenizer_config.json"
+        if tokenizer_config.exists():
+            tokenizer_config.write_text(
+                tokenizer_config.read_text().replace('"TokenizersBackend"', f'"{tokenizer_class}"')
+            )
         (staging / "README.md").write_text(
-            model_card(config, manifest, backbone, args.backbone_revision, args.bundle_backbone), encoding="utf-8"
+            model_card(config, manifest, backbone, revision, args.bundle_backbone), encoding="utf-8"
         )
+        if args.output_dir.is_dir():
+            for pattern in REPLACED_PATTERNS:
+                for stale in args.output_dir.glob(pattern):
+                    stale.unlink()
     logger.info("wrote %s (%s agents, %s head parameters)", args.output_dir, len(agents), theta.size)
     return args.output_dir
 
@@ -325,7 +340,12 @@ def save_bundled(config: Any, state: dict, backbone: str, revision: str | None, 
 
     from modeling_router import RouterModel
 
-    weights = AutoModel.from_pretrained(backbone, revision=revision, config=config.text_config, dtype=torch.float32)
+    try:
+        weights = AutoModel.from_pretrained(backbone, revision=revision, config=config.text_config, dtype=torch.float32)
+    except OSError as err:
+        raise UsageError(
+            f"cannot load the weights of backbone '{backbone}' to bundle them ({first_line(err)})."
+        ) from None
     model = RouterModel(config, backbone=weights)
     model.head.load_state_dict({key.removeprefix("head."): value for key, value in state.items()})
     model.save_pretrained(staging)
@@ -334,15 +354,22 @@ def save_bundled(config: Any, state: dict, backbone: str, revision: str | None, 
 def push_to_hub(folder: Path, repo_id: str) -> str:
     """Upload the converted folder with huggingface_hub (token from the usual HF_TOKEN / login)."""
     from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     api = HfApi()
-    api.create_repo(repo_id, repo_type="model", exist_ok=True)
-    commit = api.upload_folder(
-        folder_path=str(folder),
-        repo_id=repo_id,
-        repo_type="model",
-        commit_message="Upload BenchGen router (convert_npy.py)",
-    )
+    try:
+        api.create_repo(repo_id, repo_type="model", exist_ok=True)
+        commit = api.upload_folder(
+            folder_path=str(folder),
+            repo_id=repo_id,
+            repo_type="model",
+            commit_message="Upload BenchGen router (convert_npy.py)",
+        )
+    except (HfHubHTTPError, OfflineModeIsEnabled, OSError, ValueError) as err:
+        raise UsageError(
+            f"wrote {folder} but could not push it to '{repo_id}' ({first_line(err)}); check the network and "
+            "`huggingface-cli login` (or HF_TOKEN), then rerun."
+        ) from None
     logger.info("pushed %s to %s", folder, repo_id)
     return str(commit)
 

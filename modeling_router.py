@@ -69,16 +69,22 @@ def masked_mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) 
     return hidden.sum(dim=1) / mask.sum(dim=1).clamp(min=1e-6)
 
 
-def truncate_tokens(
-    max_length: int, suffix_tokens: int, attention_mask: torch.Tensor, *token_tensors: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    """Cut each row longer than `max_length` real tokens as tokenizer truncation would, whatever the
-    padding side: keep its first `max_length - suffix_tokens` tokens and its last `suffix_tokens`
-    (the special tokens a tokenizer appends, e.g. BERT's [SEP]; none for Qwen).
+def pack_right(
+    attention_mask: torch.Tensor,
+    max_length: int,
+    suffix_tokens: int,
+    pad_token_id: int,
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Re-lay a batch as the reference tokenized it: each row's tokens first (right padding), rows
+    longer than `max_length` cut as tokenizer truncation cuts them (their first
+    `max_length - suffix_tokens` tokens plus their last `suffix_tokens`, the special tokens a
+    tokenizer appends such as BERT's [SEP]; none for Qwen).
 
-    So the text-classification pipeline with default arguments (which does not truncate) gives the
-    pick of the truncated reference. Returns the new mask followed by the gathered tensors,
-    right-padded to the longest kept row.
+    Left-padded batches and untruncated long queries (the text-classification pipeline truncates
+    nothing by default) then give exactly the reference's embeddings, with every backbone computing
+    its own default positions. Returns (attention_mask, input_ids, token_type_ids).
     """
     rank = attention_mask.cumsum(dim=-1)
     count = attention_mask.sum(dim=-1, keepdim=True)
@@ -86,8 +92,9 @@ def truncate_tokens(
     width = int(keep.sum(dim=-1).max())
     # A stable sort on "not kept" moves each row's kept tokens to the front, in their order.
     order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices[:, :width]
-    gathered = tuple(t.gather(1, order) for t in token_tensors)
-    return (keep.gather(1, order).to(attention_mask.dtype), *gathered)
+    kept = keep.gather(1, order)
+    input_ids = input_ids.gather(1, order).masked_fill(~kept, pad_token_id)
+    return kept.to(attention_mask.dtype), input_ids, token_type_ids.gather(1, order).masked_fill(~kept, 0)
 
 
 def build_head(embedding_dim: int, num_agents: int, hidden_dim: int) -> nn.Module:
@@ -132,7 +139,7 @@ class RouterModel(PreTrainedModel):
             self.backbone = backbone
         self.backbone.requires_grad_(False)
         self.backbone.eval()
-        self._backbone_takes = set(inspect.signature(self.backbone.forward).parameters)
+        self._backbone_takes = set(inspect.signature(self.backbone.forward).parameters)  # token_type_ids?
 
     def _init_weights(self, module: nn.Module) -> None:
         # Only the head is ours (the backbone initialises itself). Zeros, like the trainer's x0.
@@ -154,28 +161,29 @@ class RouterModel(PreTrainedModel):
     ) -> RouterOutput:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
+        # A query with no tokens beyond the tokenizer's own special ones ("" -> [] for Qwen,
+        # [CLS] [SEP] for BERT) carries nothing to route on.
         token_counts = attention_mask.sum(dim=-1)
-        if bool((token_counts == 0).any()):
-            empty = (token_counts == 0).nonzero().flatten().tolist()
+        empty = token_counts <= getattr(self.config, "special_tokens_per_query", 0)
+        if bool(empty.any()):
             raise ValueError(
-                f"Query at batch position(s) {empty} has no tokens (an empty string?); a router cannot "
-                "score an empty query. Drop empty queries before routing."
+                f"Query at batch position(s) {empty.nonzero().flatten().tolist()} is empty (no tokens besides "
+                "special tokens); a router cannot score an empty query. Drop empty queries before routing."
             )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        if input_ids.shape[1] > self.config.truncation_length:
-            attention_mask, input_ids, token_type_ids = truncate_tokens(
+        right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+        if input_ids.shape[1] > self.config.truncation_length or not right_padded:
+            attention_mask, input_ids, token_type_ids = pack_right(
+                attention_mask,
                 self.config.truncation_length,
                 getattr(self.config, "truncation_suffix_tokens", 0),
-                attention_mask,
+                getattr(self.config.text_config, "pad_token_id", None) or 0,
                 input_ids,
                 token_type_ids,
             )
 
         backbone_inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if "position_ids" in self._backbone_takes:
-            # Positions count real tokens only, so a left-padded query sees the positions it has alone.
-            backbone_inputs["position_ids"] = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
         if "token_type_ids" in self._backbone_takes:
             backbone_inputs["token_type_ids"] = token_type_ids
         hidden_states = self.backbone(**backbone_inputs).last_hidden_state
@@ -205,14 +213,19 @@ class RouterModel(PreTrainedModel):
         if not isinstance(config, PretrainedConfig):
             config = RouterConfig.from_pretrained(config or pretrained_model_name_or_path, **router_kwargs)
         attn_implementation = kwargs.pop("attn_implementation", None) or config._attn_implementation
-        dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+        dtype = kwargs.pop("dtype", None)
+        legacy_dtype = kwargs.pop("torch_dtype", None)  # transformers 4.x name
+        if dtype is not None and legacy_dtype is not None and dtype != legacy_dtype:
+            raise ValueError(f"dtype={dtype!r} and torch_dtype={legacy_dtype!r} disagree; pass only dtype.")
+        dtype = dtype or legacy_dtype
         if dtype in (None, "auto"):
             dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
         if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
+            dtype = getattr(torch, dtype, dtype)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"dtype={dtype!r} is not a torch dtype; pass e.g. torch.bfloat16 or 'float32'.")
 
         if config.bundled_backbone:
-            kwargs.pop("torch_dtype", None)
             model = super().from_pretrained(
                 pretrained_model_name_or_path, *model_args, config=config, dtype=dtype, **kwargs
             )
@@ -221,6 +234,7 @@ class RouterModel(PreTrainedModel):
             router.eval()
             return model
 
+        output_loading_info = kwargs.get("output_loading_info", False)
         for key in _ROUTER_ONLY_KWARGS:
             kwargs.pop(key, None)
         source = backbone_name_or_path or config.backbone_name_or_path
@@ -233,11 +247,12 @@ class RouterModel(PreTrainedModel):
         text_config = config.text_config
         if attn_implementation is not None:
             text_config._attn_implementation = attn_implementation
+        kwargs.setdefault("use_safetensors", True)  # never unpickle a backbone's .bin unless asked to
         try:
             backbone = AutoModel.from_pretrained(
                 str(source), config=text_config, revision=revision, dtype=dtype, **kwargs
             )
-        except Exception as err:  # transformers 4.x reports a missing offline checkpoint as AttributeError
+        except (OSError, AttributeError) as err:  # 4.x reports a missing offline checkpoint as AttributeError
             raise OSError(
                 f"Cannot load this router's backbone '{source}' (revision {revision or 'main'}): {err} -- make it "
                 "reachable (network or Hub cache) or pass backbone_name_or_path=<local folder>."
@@ -253,7 +268,10 @@ class RouterModel(PreTrainedModel):
             raise ValueError(f"{head_file} does not hold this config's head ({err}).") from None
         model.head.to(device=backbone.device, dtype=torch.float32)
         model.config.name_or_path = str(pretrained_model_name_or_path)
-        return model.eval()
+        model.eval()
+        if output_loading_info:  # the head loaded strictly: nothing missing or unexpected
+            return model, {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
+        return model
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """Save the config, the code files and the weights: the head only, unless the backbone is
@@ -264,9 +282,12 @@ class RouterModel(PreTrainedModel):
         if not self.config.bundled_backbone:  # filter a caller's state_dict too (Trainer passes one)
             state_dict = {key: value for key, value in state_dict.items() if key.startswith("head.")}
         self.config.auto_map = dict(AUTO_MAP)
-        super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+        kwargs.pop("safe_serialization", None)  # always safetensors: a head-only .bin would not reload
+        # The code files go in first: with push_to_hub=True, super().save_pretrained() uploads the folder.
+        Path(save_directory).mkdir(parents=True, exist_ok=True)
         here = Path(__file__).resolve().parent
         for name in CODE_FILES:
             target = Path(save_directory) / name
             if not target.exists() or not os.path.samefile(here / name, target):
                 shutil.copyfile(here / name, target)
+        super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)

@@ -17,14 +17,21 @@ from typing import Any
 
 import numpy as np
 
+from configuration_router import DEFAULT_TRUNCATION_LENGTH
+
 logger = logging.getLogger("benchgen_router")
 
 PROJECT_ROOT = Path(__file__).resolve().parent
-REFERENCE_MAX_LENGTH = 1024
+REFERENCE_MAX_LENGTH = DEFAULT_TRUNCATION_LENGTH  # REFERENCE.md: truncation=True, max_length=1024
 
 
 class UsageError(Exception):
     """A problem with the user's input: reported as one line naming the problem and the fix."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (library errors often run to many lines)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
@@ -138,33 +145,47 @@ def staging_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
     never leaves half-written output.
     """
     final = Path(final_dir)
+    if final.exists() and not final.is_dir():
+        raise UsageError(f"output folder {final} is a file; pass a folder path.")
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{final.name}.tmp-", dir=final.parent) as tmp:
         yield Path(tmp)
         final.mkdir(parents=True, exist_ok=True)
-        umask = os.umask(0)
-        os.umask(umask)
         for source in sorted(Path(tmp).rglob("*")):
             if source.is_file():
                 target = final / source.relative_to(tmp)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                os.chmod(source, 0o666 & ~umask)  # writers that stage via mkstemp leave 0600
+                os.chmod(source, 0o666 & ~_umask())  # writers that stage via mkstemp leave 0600
                 os.replace(source, target)
 
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
-    """Open a temporary file next to path; it replaces path only if the block finishes."""
+    """Open a temporary file next to path; it replaces path only if the block finishes.
+
+    The folder must exist (a typo in it is an error, not a new folder somewhere), and path must not
+    be a folder; both are checked before any work is written.
+    """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.is_dir():
+        raise UsageError(f"output {final} is a folder; pass a file name.")
+    if not final.parent.is_dir():
+        raise UsageError(f"output folder {final.parent} does not exist; create it or pass another path.")
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as handle:
             yield handle
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; the output is an ordinary file
         os.replace(tmp, final)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,25 +225,109 @@ def load_router(
     backbone: str | None = None,
     revision: str | None = None,
 ) -> tuple[Any, Any]:
-    """(RouterModel, tokenizer) from a converted folder or Hub id; None means the default router."""
-    from transformers import AutoModel, AutoTokenizer
+    """(RouterModel, tokenizer) from a converted folder or Hub id; None means the default router.
 
+    The router's config.json is read first, and its code is trusted (trust_remote_code) only when
+    it declares itself a BenchGen router.
+    """
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import cached_file
+
+    check_device(device)
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype)}
     if model is None:
         model, backbone = DEFAULT_ROUTER_DIR, backbone or default_router_backbone()
     if backbone:
         kwargs["backbone_name_or_path"] = backbone
     try:
+        declared = json.loads(Path(cached_file(str(model), "config.json", revision=revision)).read_text())
+        if declared.get("model_type") != "benchgen_router":
+            raise UsageError(f"'{model}' is not a BenchGen router (model_type {declared.get('model_type')!r}).")
         router = AutoModel.from_pretrained(str(model), trust_remote_code=True, revision=revision, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(str(model), revision=revision, trust_remote_code=True)
     except (OSError, ValueError) as err:
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UsageError(
-            f"cannot load router '{model}' ({first_line}); pass --model with a converted router folder or Hub id."
+            f"cannot load router '{model}' ({first_line(err)}); pass --model with a converted router folder or Hub id."
         ) from None
-    if getattr(router.config, "model_type", None) != "benchgen_router":
-        raise UsageError(f"'{model}' is not a BenchGen router (model_type {router.config.model_type!r}).")
     return router.to(device), tokenizer
+
+
+def load_backbone_config(backbone: str, revision: str | None = None) -> Any:
+    """The backbone's AutoConfig, or one clear line when it cannot be had."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(backbone, revision=revision)
+    except (OSError, ValueError) as err:
+        raise UsageError(
+            f"cannot load the backbone '{backbone}' ({first_line(err)}); "
+            "pass a local folder or a Hub id reachable from here."
+        ) from None
+
+
+def load_backbone_tokenizer(backbone: str, revision: str | None = None) -> Any:
+    """The backbone's tokenizer, given a pad token if it has none (Llama- and GPT-style tokenizers):
+    routing pads batches, and padded positions are masked, so any existing token will do."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(backbone, revision=revision)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load the tokenizer of '{backbone}' ({first_line(err)}).") from None
+    if tokenizer.pad_token is None:
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise UsageError(f"the tokenizer of '{backbone}' has no pad, eos or unk token to pad batches with.")
+        tokenizer.pad_token = fallback
+    return tokenizer
+
+
+def effective_truncation_length(text_config: Any, requested: int) -> int:
+    """The training truncation, capped at the backbone's position limit (512 for BERT-style models)."""
+    limit = getattr(text_config, "max_position_embeddings", None)
+    if limit is not None and requested > limit:
+        logger.info("truncating queries to %d tokens: the backbone's position limit", limit)
+        return limit
+    return requested
+
+
+def special_token_counts(tokenizer: Any) -> tuple[int, int]:
+    """(special tokens added to every query, how many of them come after the text): (0, 0) for
+    Qwen, (2, 1) for BERT's [CLS] ... [SEP]. The model needs them to truncate and to spot empty queries."""
+    plain = tokenizer("routing", add_special_tokens=False)["input_ids"]
+    full = tokenizer("routing")["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return len(full) - len(plain), len(full) - start - len(plain)
+    return len(full) - len(plain), 0
+
+
+def router_config(
+    text_config: Any,
+    tokenizer: Any,
+    backbone: str,
+    agents: Sequence[str],
+    head_hidden_dim: int = 0,
+    revision: str | None = None,
+    truncation_length: int = REFERENCE_MAX_LENGTH,
+    **extra: Any,
+) -> Any:
+    """The RouterConfig of a head over this backbone and tokenizer (shared by trainer and converter)."""
+    from configuration_router import RouterConfig
+
+    per_query, suffix = special_token_counts(tokenizer)
+    return RouterConfig(
+        text_config=text_config,
+        backbone_name_or_path=backbone,
+        backbone_revision=revision,
+        head_hidden_dim=head_hidden_dim,
+        truncation_length=effective_truncation_length(text_config, truncation_length),
+        special_tokens_per_query=per_query,
+        truncation_suffix_tokens=suffix,
+        id2label=dict(enumerate(agents)),
+        label2id={agent: i for i, agent in enumerate(agents)},
+        **extra,
+    )
 
 
 def backbone_router(
@@ -233,43 +338,39 @@ def backbone_router(
     device: str = "cpu",
     dtype: str | None = "float32",
     truncation_length: int = REFERENCE_MAX_LENGTH,
+    text_config: Any = None,
 ) -> tuple[Any, Any]:
     """A RouterModel with an untrained head around a backbone: the trainer embeds with this, so
     training and serving run the same model code."""
     import torch
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
-    from configuration_router import RouterConfig
     from modeling_router import RouterModel
 
+    check_device(device)
+    text_config = text_config or load_backbone_config(backbone, revision)
+    tokenizer = load_backbone_tokenizer(backbone, revision)
+    torch_dtype = resolve_dtype(dtype) if dtype not in (None, "auto") else torch.float32
     try:
-        text_config = AutoConfig.from_pretrained(backbone, revision=revision)
-        tokenizer = AutoTokenizer.from_pretrained(backbone, revision=revision)
-        weights = AutoModel.from_pretrained(
-            backbone,
-            revision=revision,
-            config=text_config,
-            dtype=resolve_dtype(dtype) if dtype not in (None, "auto") else torch.float32,
-        )
+        weights = AutoModel.from_pretrained(backbone, revision=revision, config=text_config, dtype=torch_dtype)
     except (OSError, ValueError) as err:
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UsageError(
-            f"cannot load backbone '{backbone}' ({first_line}); pass a local folder or a reachable Hub id."
-        ) from None
-    limit = getattr(text_config, "max_position_embeddings", None)
-    if limit is not None and truncation_length > limit:
-        logger.info("truncating queries to %d tokens: the backbone's position limit", limit)
-        truncation_length = limit
-    config = RouterConfig(
-        text_config=text_config,
-        backbone_name_or_path=backbone,
-        backbone_revision=revision,
-        head_hidden_dim=head_hidden_dim,
-        truncation_length=truncation_length,
-        id2label=dict(enumerate(agents)),
-        label2id={a: i for i, a in enumerate(agents)},
-    )
+        raise UsageError(f"cannot load the weights of backbone '{backbone}' ({first_line(err)}).") from None
+    config = router_config(text_config, tokenizer, backbone, agents, head_hidden_dim, revision, truncation_length)
     return RouterModel(config, backbone=weights).to(device).eval(), tokenizer
+
+
+def check_device(device: str) -> None:
+    """One clear line for a device torch does not know or this machine does not have."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown device '{device}'; use cpu, cuda, cuda:N or mps.") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device '{device}' asked for, but torch sees no CUDA GPU here; use --device cpu.")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"device '{device}' asked for, but MPS is not available here; use --device cpu.")
 
 
 def run_router(

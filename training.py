@@ -24,7 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from router_utils import PROJECT_ROOT, UsageError, atomic_output, head_logits, head_param_count, read_jsonl
+from router_utils import (
+    PROJECT_ROOT,
+    UsageError,
+    atomic_output,
+    first_line,
+    head_logits,
+    head_param_count,
+    read_jsonl,
+)
 
 logger = logging.getLogger("benchgen_router.training")
 
@@ -71,8 +79,9 @@ def load_rows(source: str, what: str) -> list[dict[str, Any]]:
     try:
         loaded = datasets.load_dataset(source)
     except Exception as err:  # datasets raises many types (network, missing repo, bad format)
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UsageError(f"cannot load {what} dataset '{source}' ({first_line}); pass a local JSONL file.") from None
+        raise UsageError(
+            f"cannot load {what} dataset '{source}' ({first_line(err)}); pass a local JSONL file."
+        ) from None
     rows = []
     for split_name, part in loaded.items():
         for row in part:
@@ -542,32 +551,36 @@ def embed_prompts(
     """Pooled embeddings of the prompts, computed by RouterModel (the class that serves) around the
     backbone, batched with a progress bar, and cached as a plain .npy (never pickled) so that a
     re-run or a hyper-parameter sweep does not embed again."""
-    from transformers import AutoConfig
+    from router_utils import backbone_router, effective_truncation_length, load_backbone_config, run_router
 
-    from router_utils import backbone_router, run_router
-
-    try:
-        text_config = AutoConfig.from_pretrained(backbone, revision=revision)
-    except (OSError, ValueError) as err:
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UsageError(
-            f"cannot load backbone '{backbone}' ({first_line}); pass a local folder or a reachable Hub id."
-        ) from None
-    limit = getattr(text_config, "max_position_embeddings", None)
-    effective = min(truncation_length, limit) if limit else truncation_length
+    text_config = load_backbone_config(backbone, revision)
+    effective = effective_truncation_length(text_config, truncation_length)
     cache_file = None
     if cache_dir is not None:
         key = embedding_cache_key(
             _backbone_fingerprint(backbone, text_config), revision, dtype, effective, device, prompts
         )
-        cache_file = Path(cache_dir).expanduser() / f"{key}.npy"
+        cache_folder = Path(cache_dir).expanduser()
+        try:  # before embedding, so a bad --cache-dir fails fast rather than after the work
+            cache_folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(
+                f"cannot use embedding cache folder {cache_folder} ({err.strerror}); pass another --cache-dir."
+            ) from None
+        cache_file = cache_folder / f"{key}.npy"
         cached = _read_cache(cache_file, len(prompts), text_config.hidden_size)
         if cached is not None:
             logger.info("embeddings of %d prompts read from cache %s", len(prompts), cache_file)
             return Embeddings(cached, effective, cache_file, True)
 
     model, tokenizer = backbone_router(
-        backbone, agents, revision=revision, device=device, dtype=dtype, truncation_length=truncation_length
+        backbone,
+        agents,
+        revision=revision,
+        device=device,
+        dtype=dtype,
+        truncation_length=truncation_length,
+        text_config=text_config,
     )
     if model.config.truncation_length != effective:
         raise RuntimeError(f"truncation length {model.config.truncation_length} != expected {effective}")

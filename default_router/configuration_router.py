@@ -33,6 +33,9 @@ class RouterConfig(PretrainedConfig):
             0 for a linear head (`logits = emb @ W + b`); H > 0 for `tanh(emb @ W1 + b1) @ W2 + b2`.
         truncation_length (`int`, *optional*, defaults to 1024):
             Queries are truncated to this many tokens, as they were when the head was trained.
+        special_tokens_per_query (`int`, *optional*, defaults to 0):
+            Special tokens the tokenizer adds to every query (0 for Qwen, 2 for BERT's `[CLS]`/`[SEP]`).
+            A query with no more tokens than this is empty, and routing it raises a `ValueError`.
         truncation_suffix_tokens (`int`, *optional*, defaults to 0):
             Special tokens the tokenizer appends after the text (1 for BERT's `[SEP]`, 0 for Qwen).
             When the model truncates a long query itself, it keeps these last tokens, as
@@ -55,6 +58,7 @@ class RouterConfig(PretrainedConfig):
         bundled_backbone: bool = False,
         head_hidden_dim: int = 0,
         truncation_length: int = DEFAULT_TRUNCATION_LENGTH,
+        special_tokens_per_query: int = 0,
         truncation_suffix_tokens: int = 0,
         training: dict[str, Any] | None = None,
         **kwargs: Any,
@@ -74,6 +78,7 @@ class RouterConfig(PretrainedConfig):
         self.bundled_backbone = bundled_backbone
         self.head_hidden_dim = head_hidden_dim
         self.truncation_length = truncation_length
+        self.special_tokens_per_query = special_tokens_per_query
         self.truncation_suffix_tokens = truncation_suffix_tokens
         self.training = training or {}
         super().__init__(**kwargs)

