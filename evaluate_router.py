@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from router_utils import UsageError, atomic_output, load_router, run_cli, run_router
+from router_utils import UsageError, atomic_output, check_output_path, load_router, run_cli, run_router
 from training import evaluate_picks, format_evaluation, join_rewards, load_rows
 
 logger = logging.getLogger("benchgen_router.evaluate")
@@ -64,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"no joined row has split '{args.split}' (splits present: {present or 'none'}).")
         data = data.subset(rows)
 
+    if args.output_json is not None:
+        check_output_path(args.output_json)
     model, tokenizer = load_router(args.model, device=args.device, dtype=args.dtype, backbone=args.backbone)
     pool = model.config.agent_order
     if sorted(pool) != sorted(data.agents):

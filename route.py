@@ -50,7 +50,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from router_utils import UsageError, atomic_output, load_router, run_cli, run_router
+from router_utils import UsageError, atomic_output, check_output_path, load_router, run_cli, run_router
 
 logger = logging.getLogger("benchgen_router.route")
 
@@ -111,12 +111,6 @@ def get_router(
     )
 
 
-def agent_order(model: Any) -> list[str]:
-    """The pool's agent ids in logit order (config.id2label)."""
-    labels = model.config.id2label
-    return [labels[i] for i in range(len(labels))]
-
-
 def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[str, Any]]:
     """One result dict per row of logits: the argmax agent (first on ties, as the reference's
     np.argmax), its index, and softmax probabilities and raw logits keyed by agent id."""
@@ -171,7 +165,7 @@ def pick_agent(
         return []
     router, tokenizer = get_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision)
     logits, _ = run_router(router, tokenizer, queries, batch_size=batch_size, progress=progress)
-    results = results_from_logits(logits, agent_order(router))
+    results = results_from_logits(logits, router.config.agent_order)
     return results[0] if single else results
 
 
@@ -424,6 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if problem:
                 raise UsageError(f"{problem}; a router cannot score it.")
             lines.append(Query(position, query))
+    if args.output:
+        check_output_path(args.output)
     queries = [item for item in lines if isinstance(item, Query)]
     skipped = [item for item in lines if isinstance(item, Skipped)]
     for item in skipped:
@@ -432,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     router, tokenizer = get_router(
         args.model, device=args.device, dtype=args.dtype, backbone=args.backbone, revision=args.revision
     )
-    agents = agent_order(router)
+    agents = router.config.agent_order
     started = time.perf_counter()
     logits = np.zeros((0, len(agents)), dtype=np.float32)
     if queries:

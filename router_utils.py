@@ -159,6 +159,17 @@ def staging_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
                 os.replace(source, target)
 
 
+def check_output_path(path: str | os.PathLike) -> Path:
+    """Refuse an output path that is a folder or lies in a missing folder; tools call this before
+    any long work, so a typo costs nothing."""
+    final = Path(path)
+    if final.is_dir():
+        raise UsageError(f"output {final} is a folder; pass a file name.")
+    if not final.parent.is_dir():
+        raise UsageError(f"output folder {final.parent} does not exist; create it or pass another path.")
+    return final
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
     """Open a temporary file next to path; it replaces path only if the block finishes.
@@ -166,11 +177,7 @@ def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
     The folder must exist (a typo in it is an error, not a new folder somewhere), and path must not
     be a folder; both are checked before any work is written.
     """
-    final = Path(path)
-    if final.is_dir():
-        raise UsageError(f"output {final} is a folder; pass a file name.")
-    if not final.parent.is_dir():
-        raise UsageError(f"output folder {final.parent} does not exist; create it or pass another path.")
+    final = check_output_path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as handle:

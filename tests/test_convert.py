@@ -211,3 +211,47 @@ def test_push_to_hub_uploads_the_folder(tmp_path, backbone_dir, monkeypatch):
     assert calls[1][0] == "upload" and calls[1][1] == "me/my-router"
     assert {"config.json", "model.safetensors", "modeling_router.py", "README.md"} <= set(calls[1][2])
     assert AutoConfig.from_pretrained(out, trust_remote_code=True).model_type == "benchgen_router"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"truncation_length": "abc"}, "truncation_length must be a positive integer"),
+        ({"truncation_length": 0}, "truncation_length must be a positive integer"),
+        ({"baselines": "x"}, "baselines must be a JSON object"),
+        ({"cross_validation": {"folds": 5}}, "cross_validation lacks"),
+    ],
+)
+def test_bad_provenance_in_manifest_is_one_line(tmp_path, backbone_dir, change, message):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), **change}))
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", backbone_dir))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_dir_that_is_a_file_and_offline_push_are_one_line(tmp_path, backbone_dir):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    (tmp_path / "a-file").write_text("x")
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, tmp_path / "a-file", backbone_dir))
+    assert result.returncode == 2 and "is a file" in result.stderr and "Traceback" not in result.stderr
+    out = tmp_path / "out"
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--push-to-hub", "me/r"))
+    assert result.returncode == 2 and "could not push it to 'me/r'" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and (out / "model.safetensors").exists()  # the folder itself is kept
+
+
+def test_reconversion_replaces_stale_weights_and_tokenizer_files(tmp_path, backbone_dir):
+    out = tmp_path / "out"
+    out.mkdir()
+    for stale in ("model-00001-of-00002.safetensors", "model.safetensors.index.json", "vocab.txt"):
+        (out / stale).write_text("old")
+    (out / "notes.md").write_text("mine")
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    assert run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir)).returncode == 0
+    names = {p.name for p in out.iterdir()}
+    assert (
+        "notes.md" in names
+        and not {"model-00001-of-00002.safetensors", "model.safetensors.index.json", "vocab.txt"} & names
+    )
+    assert (out / "model.safetensors").stat().st_mode & 0o044  # readable by others, like any written file

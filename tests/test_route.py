@@ -420,3 +420,22 @@ def test_interrupt_while_writing_leaves_no_partial_file(converted, tmp_path, mon
     assert run_cli(main, ["--model", str(folder), "--input", str(source), "--output", str(out)]) == 130
     assert len(written) == 5 and "interrupted" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.txt"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--output", "{tmp}"], "is a folder"),
+        (["--output", "{tmp}/no/such/folder/out.jsonl"], "does not exist"),
+        (["--device", "bogus"], "unknown device 'bogus'"),
+    ],
+)
+def test_bad_output_or_device_fails_before_any_routing(converted, tmp_path, flags, message, capsys):
+    folder, _ = converted[0]
+    queries = tmp_path / "q.txt"
+    queries.write_text("one query\n")
+    argv = ["--model", str(folder), "--input", str(queries), *[f.format(tmp=tmp_path) for f in flags]]
+    assert run_cli(main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert not (tmp_path / "no").exists()  # no folder was created for the typo
