@@ -202,9 +202,9 @@ def test_model_side_truncation_keeps_a_bert_tokenizers_trailing_sep(tmp_path):
 def test_roberta_style_backbone_computes_its_own_positions(tmp_path, tokenizer_dir):
     """RoBERTa derives positions from the input ids (offset by padding_idx): the wrapper must not
     impose positions of its own, also for left-padded batches."""
-    from conftest import write_release
     from transformers import RobertaConfig, RobertaModel
 
+    from conftest import write_release
     from convert_npy import main as convert_main
 
     backbone = tmp_path / "roberta"
@@ -249,7 +249,6 @@ def test_roberta_style_backbone_computes_its_own_positions(tmp_path, tokenizer_d
 def test_backbone_tokenizer_without_pad_token_still_batches(tmp_path, tokenizer_dir, backbone_dir):
     """Llama/GPT-style tokenizers have no pad token: the converter gives them one (padding is masked)."""
     from conftest import write_release
-
     from convert_npy import main as convert_main
 
     backbone = tmp_path / "no-pad"
