@@ -1,0 +1,79 @@
+"""bench_routing.py: a smoke run at a tiny geometry (every row and column present, the default path
+agrees with the reference), plus the sampling and the generated workload it relies on."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from bench_routing import PROMPT_CHAR_PERCENTILES, generated_workload, stratified_sample
+from conftest import run_tool
+
+COLUMNS = [
+    "queries_per_s",
+    "tokens_per_s",
+    "gflops",
+    "pct_fp32_peak",
+    "pct_bf16_peak",
+    "agreement",
+    "load_peak_rss",
+    "route_peak_rss",
+    "weight_bytes",
+    "speedup",
+]
+
+
+def test_smoke_run_has_every_row_and_column(tmp_path):
+    """The whole benchmark end to end at hidden 64 / 2 layers, on the generated workload (so it
+    does not depend on the pilot data being present)."""
+    out = tmp_path / "bench.json"
+    table = tmp_path / "bench.md"
+    common = ["--tiny", "--queries", "6", "--tasks", str(tmp_path / "absent.jsonl"), "--workdir", str(tmp_path)]
+    result = run_tool("bench_routing.py", *common, "--output", str(out), "--output", str(table))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert list(report["rows"]) == ["ref-single", "ref-batch16", "default", "packed", "bf16"]
+    for name, row in report["rows"].items():
+        for column in COLUMNS:
+            assert np.isfinite(row[column]) and row[column] > 0, (name, column, row[column])
+    assert report["rows"]["default"]["agreement"] == 1.0
+    assert report["rows"]["ref-batch16"]["agreement"] == 1.0
+    assert report["rows"]["packed"]["agreement"] == 1.0
+    assert report["rows"]["default"]["emb_rel_err"] < 1e-5 and report["rows"]["packed"]["emb_rel_err"] < 1e-5
+    assert report["rows"]["bf16"]["dtype"] == "bfloat16"
+    assert report["geometry"]["num_hidden_layers"] == 2
+    assert report["geometry"]["vocab_size"] == 151_936
+    assert report["workload"].startswith("generated")
+    assert report["sample"]["queries"] == 6 and report["sample"]["tokens_total"] > 0
+    assert sum(report["pick_distribution"]) == 6
+    assert report["peaks_gflops"]["used"]["float32"] > 0 and report["peaks_gflops"]["used"]["bfloat16"] > 0
+    # The printed markdown table: one line per row, with the layer count and the token counts.
+    assert "| (a) reference" in result.stdout and "| (d) bf16 |" in result.stdout
+    assert "**2 layers**" in result.stdout and "tokens (byte-level BPE" in result.stdout
+    assert table.read_text() == result.stdout
+    assert not list(tmp_path.glob("bench-routing-*")), "the temporary backbone was left behind"
+
+
+def test_bad_arguments_fail_with_one_line():
+    result = run_tool("bench_routing.py", "--modes", "default,warp-drive")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: unknown row(s) warp-drive")
+    assert run_tool("bench_routing.py", "--layers", "0").returncode == 2
+
+
+def test_stratified_sample_spans_the_length_range():
+    lengths = list(range(1000))
+    picks = stratified_sample(lengths, 10, seed=3)
+    assert len(set(picks)) == 10
+    assert sorted(p // 100 for p in picks) == list(range(10))  # one per decile
+    assert picks != sorted(picks)  # random order: the batch-16 reference must not get pre-sorted input
+    assert picks == stratified_sample(lengths, 10, seed=3)
+
+
+def test_generated_workload_follows_the_real_lengths():
+    prompts = generated_workload(2000, seed=0)
+    lengths = np.array([len(p) for p in prompts])
+    median = PROMPT_CHAR_PERCENTILES[len(PROMPT_CHAR_PERCENTILES) // 2]
+    assert abs(np.median(lengths) - median) < 0.1 * median
+    assert lengths.min() >= PROMPT_CHAR_PERCENTILES[0] and lengths.max() <= PROMPT_CHAR_PERCENTILES[-1] + 20
