@@ -302,7 +302,7 @@ def weight_bytes(module: Any) -> int:
 
 
 def profile_top_ops(run: Any, top: int = 10) -> list[dict[str, Any]]:
-    """torch.profiler over one call of `run`: the ops with the most self time (CPU, or CUDA on a GPU)."""
+    """torch.profiler over one call of `run`: the ops (CPU) or kernels (GPU) with the most self time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -313,6 +313,8 @@ def profile_top_ops(run: Any, top: int = 10) -> list[dict[str, Any]]:
         run()
     on_gpu = ProfilerActivity.CUDA in activities
     events = list(prof.key_averages())
+    if on_gpu:  # the kernels only: an op's self device time repeats its kernels' time
+        events = [e for e in events if e.device_type != torch.autograd.DeviceType.CPU] or events
     key = (lambda e: e.self_device_time_total) if on_gpu else (lambda e: e.self_cpu_time_total)
     total = sum(key(e) for e in events) or 1
     events.sort(key=key, reverse=True)
