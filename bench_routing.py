@@ -799,7 +799,8 @@ def render_markdown(report: dict[str, Any], rows: dict[str, dict[str, Any]]) -> 
         f"- head: random, seeded, bias centred on 6 calibration prompts outside the sample; (a)'s picks per agent "
         f"{dict(zip(AGENTS, report['pick_distribution'], strict=True))}",
         f"- load average at start {report['loadavg']['start'][0]:.2f}, at end {report['loadavg']['end'][0]:.2f} "
-        f"(other processes share these CPUs when it is above 0); total run {report['seconds_total'] / 60:.1f} min",
+        f"(the 1-min average, which lags; this run's own rows add up to {machine['threads']}, more means other "
+        f"processes); total run {report['seconds_total'] / 60:.1f} min",
         "",
     ]
     gpu = report["device"].startswith("cuda")
