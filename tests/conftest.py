@@ -150,6 +150,15 @@ def write_release(
     return folder / "manifest.json", folder / "head_weights.npy"
 
 
+def convert_release(manifest: Path, weights: Path, out: Path, backbone: Path | str) -> Path:
+    """Convert a release with convert_npy.py's own entry point, as its command line would."""
+    from convert_npy import main
+
+    args = ["--manifest", manifest, "--weights", weights, "--output-dir", out, "--backbone", backbone]
+    assert main([str(a) for a in args]) == 0
+    return out
+
+
 def run_tool(script: str, *args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run one of the project's command-line tools as a user would."""
     return subprocess.run(
@@ -182,26 +191,11 @@ def backbone_dir(workdir, tokenizer_dir) -> Path:
 @pytest.fixture(scope="session")
 def converted(workdir, backbone_dir):
     """Converted routers by head shape: {0: (folder, theta), 8: (folder, theta)}."""
-    from convert_npy import main as convert_main
 
     routers = {}
     for hidden in (0, 8):
         manifest, weights = write_release(workdir / f"release-{hidden}", 32, hidden, seed=hidden)
         out = workdir / f"router-{hidden}"
-        assert (
-            convert_main(
-                [
-                    "--manifest",
-                    str(manifest),
-                    "--weights",
-                    str(weights),
-                    "--output-dir",
-                    str(out),
-                    "--backbone",
-                    str(backbone_dir),
-                ]
-            )
-            == 0
-        )
+        convert_release(manifest, weights, out, backbone_dir)
         routers[hidden] = (out, np.load(weights))
     return routers

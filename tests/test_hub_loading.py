@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer, pipeline
 
-from conftest import AGENTS, build_backbone, make_queries, write_release
+from conftest import AGENTS, build_backbone, convert_release, make_queries, write_release
 from reference_impl import ReferenceRouter
 
 QUERIES = make_queries(12, seed=21)
@@ -35,7 +35,6 @@ def commit_id(n: int) -> str:
 def hub(tmp_path_factory, tokenizer_dir):
     """A cache holding backbone 'acme/tiny-qwen3' (main and tag v2, different weights) and router
     'acme/router' (main and tag v1, different heads), the router pinned to backbone revision v2."""
-    from convert_npy import main as convert_main
 
     root = tmp_path_factory.mktemp("hub")
     cache = root / "cache"
@@ -49,21 +48,7 @@ def hub(tmp_path_factory, tokenizer_dir):
     for rev, seed in (("main", 10), ("v1", 11)):
         manifest, weights = write_release(root / f"release-{rev}", 32, seed=seed)
         out = root / f"router-{rev}"
-        assert (
-            convert_main(
-                [
-                    "--manifest",
-                    str(manifest),
-                    "--weights",
-                    str(weights),
-                    "--output-dir",
-                    str(out),
-                    "--backbone",
-                    str(backbones["v2"]),
-                ]
-            )
-            == 0
-        )
+        convert_release(manifest, weights, out, backbones["v2"])
         config = json.loads((out / "config.json").read_text())
         config.update(backbone_name_or_path="acme/tiny-qwen3", backbone_revision="v2")
         (out / "config.json").write_text(json.dumps(config))

