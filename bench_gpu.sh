@@ -9,14 +9,15 @@
 # lacks ../shared); without either, the benchmark generates prompts with the same length
 # distribution. The table goes to stdout and, when $OUT is set, to $OUT/bench_gpu.md with every
 # number in $OUT/bench_gpu.json. Rows: the default set (reference per query and in batches of 16,
-# the package's default path, the packed and bf16 modes), packed batches of up to 32,768 positions.
+# the package's default path, the bf16 mode); the package packs up to 32,768 positions per batch
+# on a GPU (router_utils.default_batch_tokens).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "bench_gpu.sh: torch sees no CUDA device")'
-args=(--device cuda --max-tokens 32768 --profile)
+args=(--device cuda --profile)
 if [[ -n "${TASKS:-}" ]]; then
     args+=(--tasks "$TASKS")
 fi

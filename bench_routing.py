@@ -13,8 +13,8 @@ its own process (so one row's memory never counts towards another's peak):
 
   (a) ref-single   the reference's pick_agent: one query at a time, float32 (REFERENCE.md, literally)
   (b) ref-batch16  the reference trainer's embedding: batches of 16 in input order, padded to the longest
-  (c) default      the package: router_utils.load_router + run_router (length-sorted batches, inference mode)
-  (d) <mode>       each speed mode of speedups.SPEED_MODES (trial modes on request: --modes int8,compile)
+  (c) default      the package: router_utils.load_router + run_router (float32, packed batches, inference mode)
+  (d) <mode>       each speed mode of speedups.SPEED_MODES (trial modes on request: --modes padded,int8,compile)
 
 Achieved GFLOP/s counts 2 x non-embedding parameters x real (unpadded) tokens per second; the
 attention score products (4 x layers x tokens^2 x heads x head_dim per query, under 5% here) are
@@ -378,7 +378,7 @@ def reference_row(spec: dict[str, Any]) -> dict[str, Any]:
 def package_row(spec: dict[str, Any]) -> dict[str, Any]:
     """(c) or (d): the package's public path, load_router -> [apply_speed_mode] -> run_router."""
     import speedups
-    from router_utils import load_router, run_router
+    from router_utils import default_batch_tokens, load_router, run_router
 
     device, mode, result = spec["device"], spec["mode"], {}
     dtype = "float32" if mode == "default" else speedups.get_mode(mode).dtype
@@ -387,12 +387,10 @@ def package_row(spec: dict[str, Any]) -> dict[str, Any]:
     if mode != "default":
         model = speedups.apply_speed_mode(model, mode)
     load_time_and_rss(start, result)
-    batch = spec["batch_size"]
+    batch_size, max_batch_tokens = spec["batch_size"], spec["max_batch_tokens"]
 
     def route(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        if mode == "default":
-            return run_router(model, tokenizer, texts, batch_size=batch)
-        return speedups.run_mode(model, tokenizer, texts, mode, spec["max_tokens"])
+        return run_router(model, tokenizer, texts, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
 
     warm: dict[str, float] = {}
     with timed(device, warm):  # lazy initialisation, page faults, compilation (one row, then several)
@@ -407,10 +405,11 @@ def package_row(spec: dict[str, Any]) -> dict[str, Any]:
         result["profile"] = profile_top_ops(lambda: route(sample))
     result["weight_bytes"] = weight_bytes(model.backbone)
     result["dtype"] = "int8" if mode == "int8" else dtype
-    if mode == "default":
-        result["batching"] = f"{batch} queries"
+    if model.packs_queries:
+        budget = max_batch_tokens or default_batch_tokens(device, model.backbone.dtype)
+        result["batching"] = f"packed <= {budget} tokens" + (f", <= {batch_size} queries" if batch_size else "")
     else:
-        result["batching"] = speedups.get_mode(mode).batching(spec["max_tokens"])
+        result["batching"] = f"{batch_size or 16} queries, padded"
     np.savez(spec["output"], logits=logits, embeddings=embeddings)
     return result
 
@@ -503,15 +502,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add(
         "--batch-size",
         type=int,
-        default=16,
-        help="run_router batch size of row (c) (default: %(default)s, the package's default)",
+        default=None,
+        help="package rows: run_router's batch_size (default: run_router's own: the token budget alone when "
+        "packed, 16 queries when padded)",
     )
     add(
-        "--max-tokens",
+        "--max-batch-tokens",
         type=int,
         default=None,
-        help="speed modes: positions per packed batch (queries per batch for an unpacked mode) instead of "
-        "each mode's own; GPUs want more than the CPU defaults",
+        help="package rows: positions per packed batch (default: run_router's own for the device and dtype)",
     )
     add("--tasks", type=Path, default=DEFAULT_TASKS, help="workload JSONL with a 'prompt' field (default: %(default)s)")
     add("--seed", type=int, default=0, help="seed of the sample, the backbone and the head (default: 0)")
@@ -543,7 +542,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [m for m in args.modes if m not in known]
     if unknown:
         raise UsageError(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}.")
-    for name in ("layers", "queries", "threads", "batch_size", "max_tokens"):
+    for name in ("layers", "queries", "threads", "batch_size", "max_batch_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1.")
@@ -554,7 +553,7 @@ def machine_summary(device: str, threads: int) -> dict[str, Any]:
     import torch
     import transformers
 
-    import speedups
+    from router_utils import cpu_features
 
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):
@@ -563,7 +562,7 @@ def machine_summary(device: str, threads: int) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
-        "cpu_features": speedups.cpu_features(),
+        "cpu_features": cpu_features(),
         "threads": threads,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -679,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     queries=queries,
                     calibration=calibration,
                     batch_size=args.batch_size,
-                    max_tokens=args.max_tokens,
+                    max_batch_tokens=args.max_batch_tokens,
                     profile=args.profile,
                 )
             progress(rows[name], name, rows["ref-single"]["seconds"])

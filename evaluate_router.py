@@ -23,7 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from router_utils import UsageError, atomic_output, check_output_path, load_router, run_cli, run_router
+from router_utils import (
+    UsageError,
+    add_batching_arguments,
+    atomic_output,
+    check_output_path,
+    load_router,
+    run_cli,
+    run_router,
+)
 from training import evaluate_picks, format_evaluation, join_rewards, load_rows
 
 logger = logging.getLogger("benchgen_router.evaluate")
@@ -45,12 +53,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=["float32", "bfloat16", "float16", "auto"],
         help="backbone dtype (default: the router's, float32)",
     )
-    parser.add_argument("--batch-size", type=int, default=16, help="queries per batch (default: 16)")
+    add_batching_arguments(parser)
     parser.add_argument("--output-json", type=Path, help="also write the evaluation to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
-    if args.batch_size < 1:
-        raise UsageError("--batch-size must be at least 1.")
     return args
 
 
@@ -76,7 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rewards = data.rewards[:, [data.agents.index(agent) for agent in pool]]  # columns in logit order
 
     logits, _ = run_router(
-        model, tokenizer, data.prompts, batch_size=args.batch_size, progress=not args.no_progress, desc="routing"
+        model,
+        tokenizer,
+        data.prompts,
+        batch_size=args.batch_size,
+        max_batch_tokens=args.max_batch_tokens,
+        progress=not args.no_progress,
+        desc="routing",
     )
     evaluation = evaluate_picks(logits.argmax(axis=1), rewards, pool)
     title = f"evaluation of {args.model or 'the default router'}" + (f" on split '{args.split}'" if args.split else "")

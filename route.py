@@ -50,7 +50,15 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from router_utils import UsageError, atomic_output, check_output_path, load_router, run_cli, run_router
+from router_utils import (
+    UsageError,
+    add_batching_arguments,
+    atomic_output,
+    check_output_path,
+    load_router,
+    run_cli,
+    run_router,
+)
 
 logger = logging.getLogger("benchgen_router.route")
 
@@ -137,18 +145,21 @@ def pick_agent(
     *,
     device: str | None = None,
     dtype: str | None = None,
-    batch_size: int = 16,
+    batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
     progress: bool = False,
     backbone: str | None = None,
     revision: str | None = None,
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """Pick the agent that should answer a query (a dict) or each query of a list (a list of dicts,
-    same order, routed in batches of `batch_size`).
+    same order). A list is routed in batches as router_utils.run_router makes them: packed up to
+    `max_batch_tokens` positions for a decoder backbone, `batch_size` queries otherwise.
 
     Each dict: `picked_agent` (agent id, as in the original release), `agent_index`,
     `probabilities` and `logits` ({agent id: value}, pool order). `model`: see get_router; loads
     are cached, so calling this in a loop does not reload the router. `device` defaults to a GPU
-    when there is one; `dtype` to the router's own (float32 for converted releases).
+    when there is one; `dtype` to the router's own (float32 for converted releases, the reference's
+    picks); `dtype="bfloat16"` is the fast path on GPUs and on CPUs with AMX or avx512_bf16.
 
     Raises ValueError for an empty (or whitespace-only) query, which no router can score, and
     router_utils.UsageError when the router cannot be loaded.
@@ -164,7 +175,9 @@ def pick_agent(
     if not queries:
         return []
     router, tokenizer = get_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision)
-    logits, _ = run_router(router, tokenizer, queries, batch_size=batch_size, progress=progress)
+    logits, _ = run_router(
+        router, tokenizer, queries, batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress
+    )
     results = results_from_logits(logits, router.config.agent_order)
     return results[0] if single else results
 
@@ -330,13 +343,6 @@ def read_queries(path: str, fmt: str | None, text_field: str | None, id_field: s
 # Command line
 
 
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     title, _, details = (__doc__ or "").partition("\n\n")
     parser = argparse.ArgumentParser(
@@ -366,13 +372,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="NAME",
         help=f"field / column copied to the output as 'id' (default: first of {', '.join(ID_FIELDS)})",
     )
-    add("--batch-size", type=positive_int, default=16, metavar="N", help="queries per forward pass (default 16)")
+    add_batching_arguments(parser)
     add("--device", default="auto", help="cpu, cuda, cuda:1, mps, ... (default: cuda if available, else cpu)")
     add(
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="backbone dtype (default: the router's own, float32 for converted releases)",
+        help="backbone dtype (default: the router's own, float32 for converted releases: the reference's "
+        "picks); bfloat16 is the fast path on GPUs and on CPUs with AMX or avx512_bf16",
     )
     add("--json", action="store_true", help="print JSON lines with the scores, not bare agent ids")
     add("--quiet", "-q", action="store_true", help="no progress bar and no summary")
@@ -437,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokenizer,
             [q.text for q in queries],
             batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
             progress=file_work and not args.quiet,
         )
     seconds = time.perf_counter() - started

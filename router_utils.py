@@ -5,6 +5,7 @@ Not part of the Hub package: the two remote-code files stay self-contained.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -52,6 +53,37 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
 
 # ---------------------------------------------------------------------------------------------
 # The head's flat parameter vector (REFERENCE.md "Head"): the trainer's and the converter's format.
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+def add_batching_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--batch-size and --max-batch-tokens, as every tool that runs the backbone takes them (run_router's)."""
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="queries per forward pass (default: as many as --max-batch-tokens holds for a decoder backbone "
+        "such as Qwen, whose queries are packed with no padding; 16 for other backbones)",
+    )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="positions per packed forward pass (default: 2048 on CPU in float32, 4096 on CPU in "
+        "bfloat16/float16, 32768 on a GPU); lower it to bound memory",
+    )
 
 
 def head_param_count(embedding_dim: int, num_agents: int, hidden_dim: int) -> int:
@@ -256,7 +288,20 @@ def load_router(
         raise UsageError(
             f"cannot load router '{model}' ({first_line(err)}); pass --model with a converted router folder or Hub id."
         ) from None
-    return router.to(device), tokenizer
+    router = router.to(device)
+    warn_if_emulated(device, router.backbone.dtype)
+    return router, tokenizer
+
+
+def warn_if_emulated(device: str, dtype: Any) -> None:
+    """bfloat16 on a CPU without AMX or avx512_bf16 is emulated: often slower than float32."""
+    import torch
+
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not bf16_is_fast("cpu"):
+        logger.warning(
+            "this CPU has neither AMX nor avx512_bf16: bfloat16 is emulated and may be slower than float32 "
+            "(use --dtype float32)"
+        )
 
 
 def load_backbone_config(backbone: str, revision: str | None = None) -> Any:
@@ -363,6 +408,7 @@ def backbone_router(
     except (OSError, ValueError) as err:
         raise UsageError(f"cannot load the weights of backbone '{backbone}' ({first_line(err)}).") from None
     config = router_config(text_config, tokenizer, backbone, agents, head_hidden_dim, revision, truncation_length)
+    warn_if_emulated(device, weights.dtype)
     return RouterModel(config, backbone=weights).to(device).eval(), tokenizer
 
 
@@ -380,18 +426,85 @@ def check_device(device: str) -> None:
         raise UsageError(f"device '{device}' asked for, but MPS is not available here; use --device cpu.")
 
 
+def cpu_features() -> dict[str, bool]:
+    """Which matrix-unit features this CPU reports (Linux /proc/cpuinfo): bfloat16 is fast only
+    with avx512_bf16 or AMX; without them oneDNN emulates it and bf16 can be slower than float32."""
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    names = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_fp16")
+    return {name: name in flags for name in names}
+
+
+def bf16_is_fast(device: str = "cpu") -> bool:
+    """True where bfloat16 matrix products run on hardware made for them (check before choosing
+    the bf16 mode): a CUDA GPU with bf16 support, or a CPU with avx512_bf16 / AMX."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    features = cpu_features()
+    return features["avx512_bf16"] or features["amx_bf16"]
+
+
+def default_batch_tokens(device: Any, dtype: Any) -> int:
+    """Positions per packed forward pass when the caller sets no budget. Longer matrices run the
+    matrix units closer to their peak, at the cost of activation memory; these are the budgets
+    bench_routing.py measured best: a GPU wants tens of thousands, a CPU a few thousand (float32
+    reaches its peak sooner than bfloat16 on AMX)."""
+    import torch
+
+    if torch.device(device).type != "cpu":
+        return 32768
+    return 2048 if dtype == torch.float32 else 4096
+
+
+def plan_batches(
+    lengths: Sequence[int], packed: bool, batch_size: int | None = None, max_batch_tokens: int = 2048
+) -> list[list[int]]:
+    """Which queries (by index) go through the model together, longest first.
+
+    Padded batches (`packed` False): `batch_size` queries of similar length (16 when None).
+    Packed batches: as many queries as fill max_batch_tokens positions once the model lays them
+    out (modeling_router.pack_rows, rows as wide as the batch's longest query and at least
+    PACK_WIDTH): each long query's row is topped up with short ones, so almost nothing is padding.
+    `batch_size`, when given, also caps the queries per batch.
+    """
+    from modeling_router import PACK_WIDTH, pack_rows
+
+    remaining = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if not packed:
+        size = batch_size or 16
+        return [remaining[start : start + size] for start in range(0, len(remaining), size)]
+    batches = []
+    while remaining:
+        width = max(PACK_WIDTH, lengths[remaining[0]])
+        rows, left = pack_rows([lengths[i] for i in remaining], width, max_rows=max(1, max_batch_tokens // width))
+        batch = sorted((remaining[j] for row in rows for j in row), key=lambda i: -lengths[i])
+        over = batch[batch_size:] if batch_size else []
+        batches.append(batch[: len(batch) - len(over)])
+        remaining = sorted(over + [remaining[j] for j in left], key=lambda i: -lengths[i])
+    return batches
+
+
 def run_router(
     model: Any,
     tokenizer: Any,
     texts: Sequence[str],
-    batch_size: int = 16,
+    batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
     progress: bool = False,
     desc: str = "routing",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(logits, embeddings) for texts, in input order, as float32 numpy arrays.
 
-    Texts are batched by token length (longest first), so a batch pads little and each query's
-    result is what it gets alone; results are put back in input order.
+    Each query's result is what it gets alone. Decoder backbones (Qwen and kin) run packed: the
+    model lays a batch's queries several to a row with no padding computed, and batches are filled
+    up to max_batch_tokens positions (default_batch_tokens() when None). Other backbones run in
+    length-sorted padded batches of `batch_size` (16 when None). Results come back in input order.
     """
     import torch
     from tqdm.auto import tqdm
@@ -399,13 +512,13 @@ def run_router(
     limit = model.config.truncation_length
     encoded = tokenizer(list(texts), truncation=True, max_length=limit)
     lengths = [len(ids) for ids in encoded["input_ids"]]
-    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+    device, dtype = next(model.backbone.parameters()).device, next(model.backbone.parameters()).dtype
+    packed = bool(getattr(model, "packs_queries", False))
+    budget = max_batch_tokens or default_batch_tokens(device, dtype)
     logits = np.zeros((len(texts), len(model.config.id2label)), dtype=np.float32)
     embeddings = np.zeros((len(texts), model.config.embedding_dim), dtype=np.float32)
-    device = next(model.parameters()).device
     with torch.inference_mode(), tqdm(total=len(texts), desc=desc, unit="q", disable=not progress) as bar:
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
+        for rows in plan_batches(lengths, packed, batch_size, budget):
             features = [{key: encoded[key][i] for key in encoded} for i in rows]
             batch = tokenizer.pad(features, padding=True, return_tensors="pt").to(device)
             output = model(**batch)

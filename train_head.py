@@ -40,7 +40,15 @@ from typing import Any
 
 import numpy as np
 
-from router_utils import REFERENCE_MAX_LENGTH, UsageError, atomic_output, read_json, run_cli, staging_dir
+from router_utils import (
+    REFERENCE_MAX_LENGTH,
+    UsageError,
+    add_batching_arguments,
+    atomic_output,
+    read_json,
+    run_cli,
+    staging_dir,
+)
 from training import (
     CMA_LIBRARIES,
     DEFAULT_CMA_LIBRARY,
@@ -128,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16", "float16"],
         help="backbone dtype while embedding (default: float32, as the reference)",
     )
-    model.add_argument("--batch-size", type=int, default=16, help="prompts per embedding batch (default: 16)")
+    add_batching_arguments(model)
     model.add_argument(
         "--cache-dir", type=Path, default=default_cache_dir(), help="embedding cache folder (default: %(default)s)"
     )
@@ -202,7 +210,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         (args.head_hidden_dim >= 0, "--head-hidden-dim must be 0 (linear) or a positive number of units"),
         (args.cv_folds == 0 or args.cv_folds >= 2, "--cv-folds must be 0 (skip) or at least 2"),
         (args.truncation_length >= 1, "--truncation-length must be at least 1"),
-        (args.batch_size >= 1, "--batch-size must be at least 1"),
     ]
     for ok, message in checks:
         if not ok:
@@ -324,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         truncation_length=args.truncation_length,
         device=args.device,
         batch_size=args.batch_size,
+        max_batch_tokens=args.max_batch_tokens,
         cache_dir=None if args.no_cache else args.cache_dir,
         progress=progress,
     )

@@ -544,7 +544,8 @@ def embed_prompts(
     dtype: str = "float32",
     truncation_length: int = 1024,
     device: str = "cpu",
-    batch_size: int = 16,
+    batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
     cache_dir: Path | None = None,
     progress: bool = False,
 ) -> Embeddings:
@@ -584,7 +585,15 @@ def embed_prompts(
     )
     if model.config.truncation_length != effective:
         raise RuntimeError(f"truncation length {model.config.truncation_length} != expected {effective}")
-    _, vectors = run_router(model, tokenizer, prompts, batch_size=batch_size, progress=progress, desc="embedding")
+    _, vectors = run_router(
+        model,
+        tokenizer,
+        prompts,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+        desc="embedding",
+    )
     if not np.isfinite(vectors).all():
         raise UsageError(f"backbone '{backbone}' produced NaN or infinite embeddings in {dtype}; use --dtype float32.")
     if cache_file is not None:

@@ -40,6 +40,10 @@ class RouterConfig(PretrainedConfig):
             Special tokens the tokenizer appends after the text (1 for BERT's `[SEP]`, 0 for Qwen).
             When the model truncates a long query itself, it keeps these last tokens, as
             tokenizer truncation does.
+        pack_queries (`bool`, *optional*, defaults to `True`):
+            Lay a batch's queries several to a row, with no padding computed, when the backbone is a
+            causal decoder that supports it (see `RouterModel.forward`). Same picks either way;
+            `False` runs every batch padded, as the reference does.
         training (`dict`, *optional*):
             Provenance copied from the trainer's manifest (rewards dataset, split sizes, rewards,
             baselines, ...). Informational only: nothing at inference time reads it.
@@ -60,6 +64,7 @@ class RouterConfig(PretrainedConfig):
         truncation_length: int = DEFAULT_TRUNCATION_LENGTH,
         special_tokens_per_query: int = 0,
         truncation_suffix_tokens: int = 0,
+        pack_queries: bool = True,
         training: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -80,6 +85,7 @@ class RouterConfig(PretrainedConfig):
         self.truncation_length = truncation_length
         self.special_tokens_per_query = special_tokens_per_query
         self.truncation_suffix_tokens = truncation_suffix_tokens
+        self.pack_queries = pack_queries
         self.training = training or {}
         super().__init__(**kwargs)
 

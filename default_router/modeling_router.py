@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModel, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.utils import ModelOutput, cached_file
 
 try:  # imported as remote code (a package) or as a plain local module
@@ -47,6 +49,9 @@ _ROUTER_ONLY_KWARGS = (
     "output_loading_info",
 )
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "token")
+# Packed rows are at least this wide, so that short queries share a row; attention computed per
+# row grows with its width, and at 256 it stays a few percent of the work.
+PACK_WIDTH = 256
 
 
 @dataclass
@@ -97,6 +102,42 @@ def pack_right(
     return kept.to(attention_mask.dtype), input_ids, token_type_ids.gather(1, order).masked_fill(~kept, 0)
 
 
+def pack_rows(lengths: list[int], width: int, max_rows: int | None = None) -> tuple[list[list[int]], list[int]]:
+    """First-fit decreasing: lay queries (indices into `lengths`) into rows of `width` positions,
+    longest first, each into the first row with room left. Returns (rows, left over): with
+    `max_rows`, queries that fit in none of the first max_rows rows are left over."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    left: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        slot = next((r for r, free in enumerate(room) if free >= lengths[index]), None)
+        if slot is None and (max_rows is None or len(rows) < max_rows):
+            rows.append([])
+            room.append(width)
+            slot = len(rows) - 1
+        if slot is None:
+            left.append(index)
+            continue
+        rows[slot].append(index)
+        room[slot] -= lengths[index]
+    return rows, left
+
+
+def supports_packing(backbone: PreTrainedModel) -> bool:
+    """True when queries can share a row of this backbone and each still sees only itself.
+
+    That holds for causal decoders (Qwen, Llama, ...) built on transformers' `create_causal_mask`:
+    given `position_ids` that restart at 0 and no attention mask, it masks each packed query off
+    from its neighbours for every attention implementation (sdpa, eager, flash, flex), sliding
+    windows included. Encoders (BERT and kin, also listed as causal LMs) are never packed.
+    """
+    model_type = getattr(backbone.config, "model_type", None)
+    causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    module = sys.modules.get(type(backbone).__module__)
+    takes_positions = "position_ids" in inspect.signature(backbone.forward).parameters
+    return causal and takes_positions and hasattr(module, "create_causal_mask")
+
+
 def build_head(embedding_dim: int, num_agents: int, hidden_dim: int) -> nn.Module:
     """Linear head when hidden_dim == 0, else Linear -> tanh -> Linear (the reference's two shapes)."""
     if hidden_dim == 0:
@@ -140,6 +181,7 @@ class RouterModel(PreTrainedModel):
         self.backbone.requires_grad_(False)
         self.backbone.eval()
         self._backbone_takes = set(inspect.signature(self.backbone.forward).parameters)  # token_type_ids?
+        self._can_pack = supports_packing(self.backbone)
 
     def _init_weights(self, module: nn.Module) -> None:
         # Only the head is ours (the backbone initialises itself). Zeros, like the trainer's x0.
@@ -178,20 +220,69 @@ class RouterModel(PreTrainedModel):
                 attention_mask,
                 self.config.truncation_length,
                 getattr(self.config, "truncation_suffix_tokens", 0),
-                getattr(self.config.text_config, "pad_token_id", None) or 0,
+                self._pad_token_id(),
                 input_ids,
                 token_type_ids,
             )
 
-        backbone_inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if "token_type_ids" in self._backbone_takes:
-            backbone_inputs["token_type_ids"] = token_type_ids
-        hidden_states = self.backbone(**backbone_inputs).last_hidden_state
-
-        embeddings = masked_mean_pool(hidden_states, attention_mask)
+        lengths = attention_mask.sum(dim=-1)
+        layout = self._packed_layout(lengths.tolist(), input_ids.shape[1])
+        if layout is not None:
+            embeddings = self._packed_embeddings(input_ids, lengths, *layout)
+        else:
+            backbone_inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if "token_type_ids" in self._backbone_takes:
+                backbone_inputs["token_type_ids"] = token_type_ids
+            if "use_cache" in self._backbone_takes:  # one pass: a KV cache would only copy every layer's keys
+                backbone_inputs["use_cache"] = False
+            hidden_states = self.backbone(**backbone_inputs).last_hidden_state
+            embeddings = masked_mean_pool(hidden_states, attention_mask)
         head_weight = next(self.head.parameters())
         logits = self.head(embeddings.to(device=head_weight.device, dtype=head_weight.dtype))
         return RouterOutput(logits=logits, embeddings=embeddings)
+
+    @property
+    def packs_queries(self) -> bool:
+        """Whether forward() lays a batch's queries several to a row (see supports_packing)."""
+        return self._can_pack and getattr(self.config, "pack_queries", True)
+
+    def _packed_layout(self, lengths: list[int], padded_width: int) -> tuple[list[list[int]], int] | None:
+        """(rows, width) of a packed layout of a right-padded batch, or None when packing is off, not
+        possible for this backbone, or would compute no fewer positions than the padded batch."""
+        if not self.packs_queries or len(lengths) < 2:
+            return None
+        width = max(max(lengths), PACK_WIDTH)
+        rows, _ = pack_rows(lengths, width)
+        return (rows, width) if len(rows) * width < len(lengths) * padded_width else None
+
+    def _packed_embeddings(
+        self, input_ids: torch.Tensor, lengths: torch.Tensor, rows: list[list[int]], width: int
+    ) -> torch.Tensor:
+        """Mean-pooled embeddings of the queries of a right-padded batch, run packed: each row holds
+        several queries back to back, with positions restarting at 0 for each (and for the row's
+        padded tail), so the backbone masks every query off from its neighbours and each gets the
+        hidden states it gets alone. Sums are accumulated per query in float32."""
+        device = input_ids.device
+        packed_ids = torch.full((len(rows), width), self._pad_token_id(), dtype=input_ids.dtype, device=device)
+        positions = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+        owner = torch.full((len(rows), width), -1, dtype=torch.long, device=device)  # query at each position
+        for r, row in enumerate(rows):
+            start = 0
+            for query in row:
+                end = start + int(lengths[query])
+                packed_ids[r, start:end] = input_ids[query, : end - start]
+                positions[r, start:end] = torch.arange(end - start, device=device)
+                owner[r, start:end] = query
+                start = end
+            positions[r, start:] = torch.arange(width - start, device=device)
+        hidden_states = self.backbone(input_ids=packed_ids, position_ids=positions, use_cache=False).last_hidden_state
+        real = owner >= 0
+        sums = torch.zeros(len(lengths), hidden_states.shape[-1], dtype=torch.float32, device=hidden_states.device)
+        sums.index_add_(0, owner[real].to(hidden_states.device), hidden_states[real].to(torch.float32))
+        return sums / lengths.to(device=sums.device, dtype=torch.float32).unsqueeze(-1)
+
+    def _pad_token_id(self) -> int:
+        return getattr(self.config.text_config, "pad_token_id", None) or 0
 
     @classmethod
     def from_pretrained(

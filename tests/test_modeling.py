@@ -81,6 +81,119 @@ def test_logits_do_not_depend_on_batch_neighbours_or_padding_side(converted, pad
     assert np.abs(reordered - alone).max() <= TOL
 
 
+class BackboneCalls:
+    """Records what the backbone is called with (a forward pre-hook: the real call, observed)."""
+
+    def __init__(self, model) -> None:
+        self.calls: list[dict] = []
+        model.backbone.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs) -> None:
+        self.calls.append({key: value for key, value in kwargs.items() if isinstance(value, torch.Tensor)})
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_mixed_length_batch_runs_packed_and_matches_the_reference(converted, references, attn_implementation):
+    """A decoder backbone gets the batch's queries several to a row, positions restarting per
+    query and no padding mask; every query still gets its per-query reference logits."""
+    folder, _ = converted[0]
+    ref = references[0]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True, attn_implementation=attn_implementation)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert model.packs_queries
+    backbone = BackboneCalls(model)
+    texts = QUERIES[:16]
+    logits = package_logits(model, tokenizer, texts)
+    (call,) = backbone.calls
+    lengths = [len(tokenizer(q)["input_ids"]) for q in texts]
+    assert "attention_mask" not in call and call["input_ids"].shape[0] < len(texts)  # fewer rows than queries
+    assert call["input_ids"].shape[1] == max(max(lengths), 256)
+    starts = (call["position_ids"] == 0).sum().item()
+    assert starts >= len(texts)  # every query starts at position 0 (row tails too)
+    expected = np.stack([ref.pick_agent(q)["logits"] for q in texts])
+    assert np.abs(logits - expected).max() <= TOL
+    assert (logits.argmax(1) == expected.argmax(1)).all()
+
+
+def test_pack_queries_false_runs_the_padded_batch_with_the_same_logits(converted):
+    folder, _ = converted[0]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    packed = package_logits(model, tokenizer, QUERIES[:16])
+    model.config.pack_queries = False
+    assert not model.packs_queries
+    backbone = BackboneCalls(model)
+    padded = package_logits(model, tokenizer, QUERIES[:16])
+    (call,) = backbone.calls
+    assert call["input_ids"].shape[0] == 16 and "attention_mask" in call and "position_ids" not in call
+    assert np.abs(packed - padded).max() <= TOL
+
+
+def test_batch_that_packing_would_not_shrink_runs_padded(converted):
+    """Queries of one length fill their rows exactly: packing would not save a position."""
+    folder, _ = converted[0]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    backbone = BackboneCalls(model)
+    package_logits(model, tokenizer, ["same length query"] * 3)
+    assert "position_ids" not in backbone.calls[0] and backbone.calls[0]["input_ids"].shape[0] == 3
+
+
+def test_pack_rows_is_first_fit_decreasing():
+    from modeling_router import pack_rows
+
+    lengths = [300, 10, 120, 130, 5, 250, 90]
+    assert pack_rows(lengths, 300) == ([[0], [5, 1, 4], [3, 2], [6]], [])
+    # at most two rows: what fits in neither is left over, longest first
+    assert pack_rows(lengths, 300, max_rows=2) == ([[0], [5, 1, 4]], [3, 2, 6])
+    assert pack_rows([], 10) == ([], [])
+
+
+def test_only_causal_decoders_on_transformers_masks_are_packed():
+    from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
+
+    from modeling_router import supports_packing
+
+    llama = LlamaModel(
+        LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    )
+    bert = BertModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2))
+    assert supports_packing(llama)
+    assert not supports_packing(bert)  # an encoder's query would see its row neighbours
+
+
+def test_llama_backbone_packs_and_matches_the_reference(tmp_path, tokenizer_dir):
+    """Packing is not Qwen-specific: a Llama backbone, converted and batched, gives per-query logits."""
+    from transformers import LlamaConfig, LlamaModel
+
+    from conftest import write_release
+
+    backbone = tmp_path / "llama"
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        pad_token_id=0,
+    )
+    LlamaModel(config).eval().save_pretrained(backbone)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(backbone)
+    manifest, weights = write_release(tmp_path / "release", 32, seed=5)
+    out = convert_release(manifest, weights, tmp_path / "router", backbone)
+    reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS)
+    model = AutoModel.from_pretrained(out, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    backbone_calls = BackboneCalls(model)
+    logits = package_logits(model, tokenizer, QUERIES[:16])
+    assert "position_ids" in backbone_calls.calls[0]  # it ran packed
+    expected = np.stack([reference.pick_agent(q)["logits"] for q in QUERIES[:16]])
+    assert np.abs(logits - expected).max() <= TOL
+
+
 def test_long_query_gets_the_truncated_reference_pick(converted, references):
     folder, _ = converted[0]
     ref = references[0]

@@ -72,6 +72,8 @@ def test_pick_agent_one_query_and_a_list_match_the_reference(converted, backbone
     assert isinstance(batch, list) and len(batch) == len(QUERIES)
     for result, row in zip(batch, expected, strict=True):
         check_result(result, row)
+    for result, row in zip(pick_agent(QUERIES, model=folder, max_batch_tokens=300), expected, strict=True):
+        check_result(result, row)
     assert len({r["picked_agent"] for r in batch}) > 1  # the random head does discriminate these queries
 
 
@@ -133,6 +135,7 @@ def test_help_documents_flags_and_exit_codes():
         "--column",
         "--format",
         "--batch-size",
+        "--max-batch-tokens",
         "--device",
         "--dtype",
         "--json",
@@ -204,6 +207,17 @@ def test_file_in_order_out_in_every_format(converted, tmp_path, fmt, capsys, cap
             line.split() == [agent, str(counts[agent]), f"{100 * counts[agent] / len(QUERIES):.1f}%"]
             for line in caplog.messages
         )
+
+
+@pytest.mark.parametrize("flags", [["--max-batch-tokens", "100"], ["--dtype", "bfloat16"]])
+def test_batching_and_dtype_flags_route_every_query(converted, tmp_path, flags):
+    """A tiny packed-batch budget (one row a batch) gives the same picks; bfloat16 keeps them here."""
+    folder, _ = converted[0]
+    code, records = route_file(tmp_path, folder, "queries.txt", "\n".join(QUERIES).encode(), *flags)
+    assert code == 0 and [r["line"] for r in records] == list(range(1, len(QUERIES) + 1))
+    expected = [e["picked_agent"] for e in pick_agent(QUERIES, model=folder)]
+    same = sum(r["picked_agent"] == e for r, e in zip(records, expected, strict=True))
+    assert same == len(QUERIES) if flags[0] == "--max-batch-tokens" else same >= 0.9 * len(QUERIES)
 
 
 def test_format_flag_and_field_override(converted, tmp_path):
