@@ -350,6 +350,40 @@ def test_backbone_tokenizer_without_pad_token_still_batches(tmp_path, tokenizer_
     assert saved.get("tokenizer_class") != "TokenizersBackend"  # transformers 4.x has no such class
 
 
+@pytest.mark.parametrize("shard_size", ["20KB", "50MB"])
+def test_float32_router_over_a_bfloat16_checkpoint_has_exactly_the_upcast_weights(
+    tmp_path, tokenizer_dir, backbone_dir, shard_size
+):
+    """Qwen3-1.7B ships bfloat16 weights. Loaded for a float32 router (in its own dtype, unmapped,
+    then upcast on transformers 5; while loading on 4.x), the backbone holds exactly what a float32
+    load of the same checkpoint holds, and routes as the reference does on it."""
+    from transformers import Qwen3Model
+
+    from conftest import write_release
+    from modeling_router import stored_float_dtypes
+
+    backbone = tmp_path / "bf16"
+    Qwen3Model.from_pretrained(backbone_dir, dtype=torch.bfloat16).save_pretrained(backbone, max_shard_size=shard_size)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(backbone)
+    assert stored_float_dtypes(str(backbone), None, {}) == {torch.bfloat16}
+    assert stored_float_dtypes(str(backbone_dir), None, {}) == {torch.float32}
+    assert stored_float_dtypes(str(tmp_path / "absent"), None, {}) == set()
+    manifest, weights = write_release(tmp_path / "release", 32, seed=3)
+    out = convert_release(manifest, weights, tmp_path / "router", backbone)
+
+    model = AutoModel.from_pretrained(out, trust_remote_code=True)
+    assert model.backbone.dtype == torch.float32 and model.backbone.config.dtype == torch.float32
+    upcast = AutoModel.from_pretrained(backbone, dtype=torch.float32).state_dict()
+    assert upcast.keys() == model.backbone.state_dict().keys()
+    assert all(torch.equal(upcast[k], v) for k, v in model.backbone.state_dict().items())
+    reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS)
+    expected = np.stack([reference.pick_agent(q)["logits"] for q in QUERIES[:8]])
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert np.abs(package_logits(model, tokenizer, QUERIES[:8]) - expected).max() <= TOL
+    # asked for bfloat16, it stays bfloat16
+    assert AutoModel.from_pretrained(out, trust_remote_code=True, dtype=torch.bfloat16).backbone.dtype == torch.bfloat16
+
+
 def test_loading_options_and_their_errors(converted, tmp_path):
     folder, _ = converted[0]
     model, info = AutoModel.from_pretrained(folder, trust_remote_code=True, output_loading_info=True)

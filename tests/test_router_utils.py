@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import router_utils
 from conftest import AGENTS, make_queries
 from reference_impl import ReferenceRouter
-import router_utils
 from router_utils import (
     backbone_router,
     default_batch_tokens,
