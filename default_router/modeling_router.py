@@ -293,23 +293,28 @@ class RouterModel(PreTrainedModel):
         several queries back to back, with positions restarting at 0 for each (and for the row's
         padded tail), so the backbone masks every query off from its neighbours and each gets the
         hidden states it gets alone. Sums are accumulated per query in float32."""
-        device = input_ids.device
-        packed_ids = torch.full((len(rows), width), self._pad_token_id(), dtype=input_ids.dtype, device=device)
-        positions = torch.zeros((len(rows), width), dtype=torch.long, device=device)
-        owner = torch.full((len(rows), width), -1, dtype=torch.long, device=device)  # query at each position
+        # Laid out on the CPU (many small copies), then moved to the backbone's device in one go.
+        ids, counts = input_ids.cpu(), lengths.tolist()
+        packed_ids = torch.full((len(rows), width), self._pad_token_id(), dtype=ids.dtype)
+        positions = torch.zeros((len(rows), width), dtype=torch.long)
+        owner = torch.full((len(rows), width), -1, dtype=torch.long)  # the query at each position
         for r, row in enumerate(rows):
             start = 0
             for query in row:
-                end = start + int(lengths[query])
-                packed_ids[r, start:end] = input_ids[query, : end - start]
-                positions[r, start:end] = torch.arange(end - start, device=device)
+                end = start + counts[query]
+                packed_ids[r, start:end] = ids[query, : counts[query]]
+                positions[r, start:end] = torch.arange(counts[query])
                 owner[r, start:end] = query
                 start = end
-            positions[r, start:] = torch.arange(width - start, device=device)
-        hidden_states = self.backbone(input_ids=packed_ids, position_ids=positions, use_cache=False).last_hidden_state
+            positions[r, start:] = torch.arange(width - start)
+        device = input_ids.device
+        hidden_states = self.backbone(
+            input_ids=packed_ids.to(device), position_ids=positions.to(device), use_cache=False
+        ).last_hidden_state
+        owner = owner.to(hidden_states.device)
         real = owner >= 0
         sums = torch.zeros(len(lengths), hidden_states.shape[-1], dtype=torch.float32, device=hidden_states.device)
-        sums.index_add_(0, owner[real].to(hidden_states.device), hidden_states[real].to(torch.float32))
+        sums.index_add_(0, owner[real], hidden_states[real].to(torch.float32))
         return sums / lengths.to(device=sums.device, dtype=torch.float32).unsqueeze(-1)
 
     def _pad_token_id(self) -> int:
