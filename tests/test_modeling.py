@@ -81,6 +81,19 @@ def test_logits_do_not_depend_on_batch_neighbours_or_padding_side(converted, pad
     assert np.abs(reordered - alone).max() <= TOL
 
 
+def router_over(backbone_model, tmp_path, tokenizer_dir, seed: int, **save_kwargs) -> tuple:
+    """Save a backbone (with the test tokenizer) like a Hub repo, convert a random head over it and
+    return (router folder, independent reference over the same backbone, backbone folder)."""
+    from conftest import write_release
+
+    backbone = tmp_path / "backbone"
+    backbone_model.eval().save_pretrained(backbone, **save_kwargs)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(backbone)
+    manifest, weights = write_release(tmp_path / "release", 32, seed=seed)
+    out = convert_release(manifest, weights, tmp_path / "router", backbone)
+    return out, ReferenceRouter(str(backbone), np.load(weights), AGENTS), backbone
+
+
 class BackboneCalls:
     """Records what the backbone is called with (a forward pre-hook: the real call, observed)."""
 
@@ -166,9 +179,6 @@ def test_llama_backbone_packs_and_matches_the_reference(tmp_path, tokenizer_dir)
     """Packing is not Qwen-specific: a Llama backbone, converted and batched, gives per-query logits."""
     from transformers import LlamaConfig, LlamaModel
 
-    from conftest import write_release
-
-    backbone = tmp_path / "llama"
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=320,
@@ -180,11 +190,7 @@ def test_llama_backbone_packs_and_matches_the_reference(tmp_path, tokenizer_dir)
         max_position_embeddings=2048,
         pad_token_id=0,
     )
-    LlamaModel(config).eval().save_pretrained(backbone)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(backbone)
-    manifest, weights = write_release(tmp_path / "release", 32, seed=5)
-    out = convert_release(manifest, weights, tmp_path / "router", backbone)
-    reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS)
+    out, reference, _ = router_over(LlamaModel(config), tmp_path, tokenizer_dir, seed=5)
     model = AutoModel.from_pretrained(out, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(out)
     backbone_calls = BackboneCalls(model)
@@ -302,9 +308,6 @@ def test_roberta_style_backbone_computes_its_own_positions(tmp_path, tokenizer_d
     impose positions of its own, also for left-padded batches."""
     from transformers import RobertaConfig, RobertaModel
 
-    from conftest import write_release
-
-    backbone = tmp_path / "roberta"
     torch.manual_seed(0)
     config = RobertaConfig(
         vocab_size=320,
@@ -315,12 +318,7 @@ def test_roberta_style_backbone_computes_its_own_positions(tmp_path, tokenizer_d
         max_position_embeddings=1100,
         pad_token_id=0,
     )
-    RobertaModel(config).eval().save_pretrained(backbone)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(backbone)
-    manifest, weights = write_release(tmp_path / "release", 32, seed=4)
-    out = tmp_path / "router"
-    convert_release(manifest, weights, out, backbone)
-    reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS)
+    out, reference, _ = router_over(RobertaModel(config), tmp_path, tokenizer_dir, seed=4)
     expected = np.stack([reference.pick_agent(q)["logits"] for q in QUERIES[:8]])
     model = AutoModel.from_pretrained(out, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
@@ -359,24 +357,18 @@ def test_float32_router_over_a_bfloat16_checkpoint_has_exactly_the_upcast_weight
     load of the same checkpoint holds, and routes as the reference does on it."""
     from transformers import Qwen3Model
 
-    from conftest import write_release
     from modeling_router import stored_float_dtypes
 
-    backbone = tmp_path / "bf16"
-    Qwen3Model.from_pretrained(backbone_dir, dtype=torch.bfloat16).save_pretrained(backbone, max_shard_size=shard_size)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(backbone)
+    bf16 = Qwen3Model.from_pretrained(backbone_dir, dtype=torch.bfloat16)
+    out, reference, backbone = router_over(bf16, tmp_path, tokenizer_dir, seed=3, max_shard_size=shard_size)
     assert stored_float_dtypes(str(backbone), None, {}) == {torch.bfloat16}
     assert stored_float_dtypes(str(backbone_dir), None, {}) == {torch.float32}
     assert stored_float_dtypes(str(tmp_path / "absent"), None, {}) == set()
-    manifest, weights = write_release(tmp_path / "release", 32, seed=3)
-    out = convert_release(manifest, weights, tmp_path / "router", backbone)
-
     model = AutoModel.from_pretrained(out, trust_remote_code=True)
     assert model.backbone.dtype == torch.float32 and model.backbone.config.dtype == torch.float32
     upcast = AutoModel.from_pretrained(backbone, dtype=torch.float32).state_dict()
     assert upcast.keys() == model.backbone.state_dict().keys()
     assert all(torch.equal(upcast[k], v) for k, v in model.backbone.state_dict().items())
-    reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS)
     expected = np.stack([reference.pick_agent(q)["logits"] for q in QUERIES[:8]])
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert np.abs(package_logits(model, tokenizer, QUERIES[:8]) - expected).max() <= TOL
