@@ -128,6 +128,20 @@ def test_mixed_length_batch_runs_packed_and_matches_the_reference(converted, ref
     assert (logits.argmax(1) == expected.argmax(1)).all()
 
 
+def test_pipeline_batches_run_packed_too(converted, references):
+    folder, _ = converted[0]
+    ref = references[0]
+    router = pipeline("text-classification", model=str(folder), trust_remote_code=True)
+    backbone = BackboneCalls(router.model)
+    results = router(QUERIES, top_k=None, batch_size=16)
+    assert any("position_ids" in call for call in backbone.calls)  # at least one batch ran packed
+    for query, scores in zip(QUERIES, results, strict=True):
+        ref_logits = ref.pick_agent(query)["logits"]
+        ref_probs = np.exp(ref_logits - ref_logits.max()) / np.exp(ref_logits - ref_logits.max()).sum()
+        probs = {s["label"]: s["score"] for s in scores}
+        assert max(abs(probs[a] - ref_probs[i]) for i, a in enumerate(AGENTS)) <= TOL
+
+
 def test_pack_queries_false_runs_the_padded_batch_with_the_same_logits(converted):
     folder, _ = converted[0]
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
