@@ -130,8 +130,9 @@ def supports_packing(backbone: PreTrainedModel) -> bool:
 
     That holds for causal decoders (Qwen, Llama, ...) built on transformers' `create_causal_mask`:
     given `position_ids` that restart at 0 and no attention mask, it masks each packed query off
-    from its neighbours for every attention implementation (sdpa, eager, flash, flex), sliding
-    windows included. Encoders (BERT and kin, also listed as causal LMs) are never packed.
+    from its neighbours (transformers' packed-sequence support, meant for every attention
+    implementation; the project's tests cover sdpa and eager). Encoders (BERT and kin, also listed
+    as causal LMs) are never packed.
     """
     model_type = getattr(backbone.config, "model_type", None)
     causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
