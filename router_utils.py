@@ -512,9 +512,10 @@ def run_router(
     limit = model.config.truncation_length
     encoded = tokenizer(list(texts), truncation=True, max_length=limit)
     lengths = [len(ids) for ids in encoded["input_ids"]]
-    device, dtype = next(model.backbone.parameters()).device, next(model.backbone.parameters()).dtype
+    weight = next(model.backbone.parameters())
+    device = weight.device
     packed = bool(getattr(model, "packs_queries", False))
-    budget = max_batch_tokens or default_batch_tokens(device, dtype)
+    budget = max_batch_tokens or default_batch_tokens(device, weight.dtype)
     logits = np.zeros((len(texts), len(model.config.id2label)), dtype=np.float32)
     embeddings = np.zeros((len(texts), model.config.embedding_dim), dtype=np.float32)
     with torch.inference_mode(), tqdm(total=len(texts), desc=desc, unit="q", disable=not progress) as bar:

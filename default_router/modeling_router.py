@@ -76,7 +76,7 @@ def masked_mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) 
     return hidden.sum(dim=1) / mask.sum(dim=1).clamp(min=1e-6)
 
 
-def pack_right(
+def align_right(
     attention_mask: torch.Tensor,
     max_length: int,
     suffix_tokens: int,
@@ -248,7 +248,7 @@ class RouterModel(PreTrainedModel):
             token_type_ids = torch.zeros_like(input_ids)
         right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
         if input_ids.shape[1] > self.config.truncation_length or not right_padded:
-            attention_mask, input_ids, token_type_ids = pack_right(
+            attention_mask, input_ids, token_type_ids = align_right(
                 attention_mask,
                 self.config.truncation_length,
                 getattr(self.config, "truncation_suffix_tokens", 0),
@@ -257,8 +257,8 @@ class RouterModel(PreTrainedModel):
                 token_type_ids,
             )
 
-        lengths = attention_mask.sum(dim=-1)
-        layout = self._packed_layout(lengths.tolist(), input_ids.shape[1])
+        lengths = attention_mask.sum(dim=-1).tolist()
+        layout = self._packed_layout(lengths, input_ids.shape[1])
         if layout is not None:
             embeddings = self._packed_embeddings(input_ids, lengths, *layout)
         else:
@@ -288,23 +288,23 @@ class RouterModel(PreTrainedModel):
         return (rows, width) if len(rows) * width < len(lengths) * padded_width else None
 
     def _packed_embeddings(
-        self, input_ids: torch.Tensor, lengths: torch.Tensor, rows: list[list[int]], width: int
+        self, input_ids: torch.Tensor, lengths: list[int], rows: list[list[int]], width: int
     ) -> torch.Tensor:
         """Mean-pooled embeddings of the queries of a right-padded batch, run packed: each row holds
         several queries back to back, with positions restarting at 0 for each (and for the row's
         padded tail), so the backbone masks every query off from its neighbours and each gets the
         hidden states it gets alone. Sums are accumulated per query in float32."""
         # Laid out on the CPU (many small copies), then moved to the backbone's device in one go.
-        ids, counts = input_ids.cpu(), lengths.tolist()
+        ids = input_ids.cpu()
         packed_ids = torch.full((len(rows), width), self._pad_token_id(), dtype=ids.dtype)
         positions = torch.zeros((len(rows), width), dtype=torch.long)
         owner = torch.full((len(rows), width), -1, dtype=torch.long)  # the query at each position
         for r, row in enumerate(rows):
             start = 0
             for query in row:
-                end = start + counts[query]
-                packed_ids[r, start:end] = ids[query, : counts[query]]
-                positions[r, start:end] = torch.arange(counts[query])
+                end = start + lengths[query]
+                packed_ids[r, start:end] = ids[query, : lengths[query]]
+                positions[r, start:end] = torch.arange(lengths[query])
                 owner[r, start:end] = query
                 start = end
             positions[r, start:] = torch.arange(width - start)
@@ -316,7 +316,7 @@ class RouterModel(PreTrainedModel):
         real = owner >= 0
         sums = torch.zeros(len(lengths), hidden_states.shape[-1], dtype=torch.float32, device=hidden_states.device)
         sums.index_add_(0, owner[real], hidden_states[real].to(torch.float32))
-        return sums / lengths.to(device=sums.device, dtype=torch.float32).unsqueeze(-1)
+        return sums / torch.tensor(lengths, dtype=torch.float32, device=sums.device).unsqueeze(-1)
 
     def _pad_token_id(self) -> int:
         return getattr(self.config.text_config, "pad_token_id", None) or 0
