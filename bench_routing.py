@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -169,14 +170,16 @@ def stratified_sample(lengths: Sequence[int], count: int, seed: int) -> list[int
     return [picks[i] for i in rng.permutation(len(picks))]
 
 
-def build_backbone(folder: Path, geometry: dict[str, int], dtype: str, seed: int) -> dict[str, Any]:
+def build_backbone(
+    folder: Path, geometry: dict[str, int], dtype: str, seed: int, vocab_size: int = VOCAB_SIZE
+) -> dict[str, Any]:
     """Save a random Qwen3Model with `geometry` in `dtype` (runs in a worker process)."""
     import torch
     from transformers import Qwen3Config, Qwen3Model
 
     config = Qwen3Config(
         **geometry,
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         tie_word_embeddings=True,
         rms_norm_eps=1e-6,
         rope_theta=1_000_000.0,
@@ -645,15 +648,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         head_file = workdir / "head.npz"
         np.savez(head_file, head_weight=head_weight)
         rows: dict[str, dict[str, Any]] = {}
-        say(f"row ref-single: {len(queries)} queries one at a time ...")
-        rows["ref-single"] = bench.run(
+        reference = functools.partial(
+            bench.run,
             "reference",
             backbone=str(backbone),
             arrays=str(head_file),
             queries=queries,
             calibration=calibration,
-            batch_size=1,
         )
+        say(f"row ref-single: {len(queries)} queries one at a time ...")
+        rows["ref-single"] = reference(batch_size=1)
         theta = rows["ref-single"]["arrays"]["theta"]
         np.savez(head_file, head_weight=head_weight, theta=theta)
         router = convert_router(workdir, backbone, theta, geometry["hidden_size"])
@@ -662,14 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in args.modes:
             say(f"row {name} ...")
             if name == "ref-batch16":
-                rows[name] = bench.run(
-                    "reference",
-                    backbone=str(backbone),
-                    arrays=str(head_file),
-                    queries=queries,
-                    calibration=calibration,
-                    batch_size=16,
-                )
+                rows[name] = reference(batch_size=16)
             else:
                 rows[name] = bench.run(
                     "package",
@@ -731,11 +728,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def convert_router(workdir: Path, backbone: Path, theta: np.ndarray, hidden: int) -> Path:
-    """A converted router folder around the synthetic backbone, through the package's converter."""
+def convert_router(
+    workdir: Path, backbone: Path, theta: np.ndarray, hidden: int, name: str = "router", bundle: bool = False
+) -> Path:
+    """A converted router folder `workdir/name` around the synthetic backbone, through the package's
+    converter (head-only, or bundled with the backbone)."""
     from convert_npy import main as convert_main
 
-    release = workdir / "release"
+    release = workdir / f"{name}-release"
     release.mkdir()
     manifest = {
         "model_id": "bench-random-head",
@@ -746,9 +746,10 @@ def convert_router(workdir: Path, backbone: Path, theta: np.ndarray, hidden: int
     }
     (release / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     np.save(release / "head_weights.npy", theta)
-    out = workdir / "router"
+    out = workdir / name
     argv = ["--manifest", str(release / "manifest.json"), "--weights", str(release / "head_weights.npy")]
-    if convert_main([*argv, "--output-dir", str(out), "--backbone", str(backbone)]) != 0:
+    argv += ["--output-dir", str(out), "--backbone", str(backbone)] + (["--bundle-backbone"] if bundle else [])
+    if convert_main(argv) != 0:
         raise UsageError("converting the random head failed")
     return out
 

@@ -25,9 +25,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from router_utils import PROJECT_ROOT, run_cli
+import numpy as np
 
-AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
+from bench_routing import AGENTS, QWEN3_1_7B, build_backbone, convert_router
+from router_utils import run_cli
 
 # Run in a fresh interpreter so that nothing else this script did counts towards the peak.
 # ru_maxrss survives exec (it would report the parent's peak): read VmHWM/VmRSS (KiB) instead.
@@ -51,53 +52,17 @@ print(json.dumps({"before_kib": before, "loaded_kib": loaded, "peak_kib": peak, 
 """
 
 
-def build_synthetic_backbone(folder: Path, layers: int, vocab: int, dtype: str = "bfloat16") -> None:
-    """Qwen3-1.7B geometry with random weights, saved like a Hub repo (tokenizer included)."""
-    import torch
+def build_synthetic_backbone(folder: Path, layers: int, vocab: int, dtype: str) -> None:
+    """Qwen3-1.7B geometry with random weights (bench_routing's builder), saved like a Hub repo with
+    a minimal tokenizer (loading is measured, not tokenization)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+    from transformers import PreTrainedTokenizerFast
 
-    config = Qwen3Config(
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=vocab,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
-        max_position_embeddings=40960,
-    )
-    torch.manual_seed(0)
-    with torch.device("cpu"):
-        Qwen3Model(config).to(getattr(torch, dtype)).save_pretrained(folder)
+    build_backbone(folder, {**QWEN3_1_7B, "num_hidden_layers": layers}, dtype, seed=0, vocab_size=vocab)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.add_special_tokens(["<|endoftext|>"])
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<|endoftext|>").save_pretrained(folder)
-
-
-def convert_random_head(backbone: Path, out: Path, bundle: bool) -> None:
-    import numpy as np
-
-    release = out.parent / f"{out.name}-release"
-    release.mkdir()
-    manifest = {"agent_order": AGENTS, "embedding_dim": 2048, "head_hidden_dim": 0, "backbone_model": str(backbone)}
-    (release / "manifest.json").write_text(json.dumps(manifest))
-    np.save(release / "head_weights.npy", np.random.default_rng(0).normal(size=2048 * 5 + 5))
-    args = [
-        sys.executable,
-        str(PROJECT_ROOT / "convert_npy.py"),
-        "--manifest",
-        str(release / "manifest.json"),
-        "--weights",
-        str(release / "head_weights.npy"),
-        "--output-dir",
-        str(out),
-    ]
-    subprocess.run(args + (["--bundle-backbone"] if bundle else []), check=True, capture_output=True)
 
 
 def measure(router: Path) -> dict:
@@ -130,10 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         backbone = Path(tmp) / "backbone"
         build_synthetic_backbone(backbone, args.layers, args.vocab, args.checkpoint_dtype)
+        theta = np.random.default_rng(0).normal(size=QWEN3_1_7B["hidden_size"] * len(AGENTS) + len(AGENTS))
         results = {}
         for mode in args.modes:
-            router = Path(tmp) / mode
-            convert_random_head(backbone, router, bundle=mode == "bundled")
+            router = convert_router(Path(tmp), backbone, theta, QWEN3_1_7B["hidden_size"], mode, mode == "bundled")
             results[mode] = measure(router)
     if args.json:
         print(json.dumps(results))
