@@ -6,6 +6,7 @@ nothing but transformers, and never touches the network.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
@@ -57,7 +58,7 @@ class RouterConfig(PretrainedConfig):
     def __init__(
         self,
         text_config: dict[str, Any] | PretrainedConfig | None = None,
-        backbone_name_or_path: str | None = None,
+        backbone_name_or_path: str | os.PathLike | None = None,
         backbone_revision: str | None = None,
         bundled_backbone: bool = False,
         head_hidden_dim: int = 0,
@@ -77,8 +78,14 @@ class RouterConfig(PretrainedConfig):
             raise ValueError(f"head_hidden_dim must be >= 0 (0 means a linear head), got {head_hidden_dim}.")
         if truncation_length < 1:
             raise ValueError(f"truncation_length must be a positive number of tokens, got {truncation_length}.")
+        if not 0 <= truncation_suffix_tokens <= special_tokens_per_query:
+            raise ValueError(
+                f"truncation_suffix_tokens ({truncation_suffix_tokens}) must lie between 0 and "
+                f"special_tokens_per_query ({special_tokens_per_query}): the suffix is part of the special tokens."
+            )
         self.text_config = text_config
-        self.backbone_name_or_path = backbone_name_or_path
+        # A string, also when given a pathlib.Path: the config is saved (and its repr built) as JSON.
+        self.backbone_name_or_path = None if backbone_name_or_path is None else str(backbone_name_or_path)
         self.backbone_revision = backbone_revision
         self.bundled_backbone = bundled_backbone
         self.head_hidden_dim = head_hidden_dim

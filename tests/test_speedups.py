@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import speedups
-from conftest import make_queries
+from helpers import make_queries
 from router_utils import bf16_is_fast, cpu_features, load_router, run_router
 
 QUERIES = make_queries(48, seed=7)

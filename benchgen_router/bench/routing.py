@@ -1,25 +1,27 @@
-"""Routing speed, side by side: the reference, the package's paths and this machine's matmul peak.
+"""benchgen-router bench: routing speed side by side with the reference and this machine's matmul peak.
 
-    python bench_routing.py                          # 28 layers on CPU, default sample: under 10 minutes on 2 cores
-    python bench_routing.py --layers 4 --queries 16  # a quick look
-    python bench_routing.py --device cuda            # GPU: every prompt, float32 and bfloat16 peaks on the GPU
-    python bench_routing.py --output table.md        # also write the table (.json: every number as JSON)
+    benchgen-router bench                          # 28 layers on CPU, default sample: under 10 minutes on 2 cores
+    benchgen-router bench --layers 4 --queries 16  # a quick look
+    benchgen-router bench --device cuda            # GPU: every prompt, float32 and bfloat16 peaks on the GPU
+    benchgen-router bench --output table.md        # also write the table (.json: every number as JSON)
 
 One run builds a synthetic backbone with the exact Qwen3-1.7B geometry (random weights, fixed seed;
 saved in bfloat16 like the real checkpoint unless --checkpoint-dtype says otherwise) and a
 byte-level BPE tokenizer with Qwen's pre-tokenizer trained on the workload, samples the real
-prompts of ../shared/benchgen-pilot/tasks.v1.jsonl by length quantile, and then runs each row in
-its own process (so one row's memory never counts towards another's peak):
+prompts of ../shared/benchgen-pilot/tasks.v1.jsonl (beside the repository) by length quantile,
+and then runs each row in its own process (so one row's memory never counts towards another's peak):
 
   (a) ref-single   the reference's pick_agent: one query at a time, float32 (REFERENCE.md, literally)
   (b) ref-batch16  the reference trainer's embedding: batches of 16 in input order, padded to the longest
-  (c) default      the package: router_utils.load_router + run_router (float32, packed batches, inference mode)
+  (c) default      the package: load_router + run_router (float32, packed batches, inference mode)
   (d) <mode>       each speed mode of speedups.SPEED_MODES (trial modes on request: --modes padded,int8,compile)
 
 Achieved GFLOP/s counts 2 x non-embedding parameters x real (unpadded) tokens per second; the
 attention score products (4 x layers x tokens^2 x heads x head_dim per query, under 5% here) are
 not counted. The matmul peaks are the best of repeated large float32 and bfloat16 products at the
-model's shapes, measured at the start and at the end of the run with the same thread count.
+model's shapes, measured at the start and at the end of the run with the same thread count. Where
+the CPU has no bfloat16 matrix units (no AMX or avx512_bf16), bfloat16 is emulated, hundreds of
+times slower: its peak is not measured and the bf16 rows are left out unless asked for by name.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from router_utils import PROJECT_ROOT, UsageError, atomic_output, run_cli
+from benchgen_router.errors import UsageError
+from benchgen_router.files import atomic_output
 
-DEFAULT_TASKS = PROJECT_ROOT.parent / "shared" / "benchgen-pilot" / "tasks.v1.jsonl"
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+
+DEFAULT_TASKS = REPOSITORY_ROOT.parent / "shared" / "benchgen-pilot" / "tasks.v1.jsonl"
 AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
 REFERENCE_MAX_LENGTH = 1024  # REFERENCE.md: truncation=True, max_length=1024
 VOCAB_SIZE = 151_936
@@ -242,14 +247,14 @@ def timed(device: str, into: dict[str, float]) -> Iterator[None]:
     into["cpu_seconds"] = cpu_seconds() - cpu
 
 
-def matmul_peaks(device: str, repeats: int) -> dict[str, float]:
-    """Best GFLOP/s of float32 and bfloat16 products at the model's shapes (tokens x hidden times
-    hidden x intermediate), after a warm-up; several input sets, so no run times a warm cache."""
+def matmul_peaks(device: str, repeats: int, shape: Sequence[int], dtypes: Sequence[str]) -> dict[str, float]:
+    """Best GFLOP/s of products of `shape` (tokens x hidden times hidden x intermediate) in each of
+    `dtypes`, after a warm-up; several input sets, so no run times a warm cache."""
     import torch
 
-    m, k, n = (8192, 8192, 8192) if device.startswith("cuda") else (2048, 2048, 6144)
+    m, k, n = shape
     peaks = {}
-    for name in ("float32", "bfloat16"):
+    for name in dtypes:
         dtype = getattr(torch, name)
         generator = torch.Generator(device=device).manual_seed(0)
         pairs = [
@@ -380,13 +385,15 @@ def reference_row(spec: dict[str, Any]) -> dict[str, Any]:
 
 def package_row(spec: dict[str, Any]) -> dict[str, Any]:
     """(c) or (d): the package's public path, load_router -> [apply_speed_mode] -> run_router."""
-    import speedups
-    from router_utils import default_batch_tokens, load_router, run_router
+    from benchgen_router import speedups
+    from benchgen_router.hardware import default_batch_tokens
+    from benchgen_router.loading import load_router
+    from benchgen_router.routing import run_router
 
     device, mode, result = spec["device"], spec["mode"], {}
     dtype = "float32" if mode == "default" else speedups.get_mode(mode).dtype
     start = time.perf_counter()
-    model, tokenizer = load_router(spec["router"], device=device, dtype=dtype)
+    model, tokenizer = load_router(spec["router"], device=device, dtype=dtype, allow_emulated_bf16=True)
     if mode != "default":
         model = speedups.apply_speed_mode(model, mode)
     load_time_and_rss(start, result)
@@ -427,7 +434,7 @@ def worker(spec_path: str) -> None:
     if kind == "build":
         result = build_backbone(Path(spec["folder"]), spec["geometry"], spec["dtype"], spec["seed"])
     elif kind == "peak":
-        result = matmul_peaks(spec["device"], spec["repeats"])
+        result = matmul_peaks(spec["device"], spec["repeats"], spec["shape"], spec["dtypes"])
     elif kind == "reference":
         result = reference_row(spec)
     else:
@@ -459,14 +466,16 @@ class Bench:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_VERBOSITY": "error",
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            # the worker imports this package also from a clone that was never installed
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY_ROOT), os.environ.get("PYTHONPATH")])),
         }
         with open(f"{stem}.log", "w") as log:
             code = subprocess.call(
-                [sys.executable, str(Path(__file__).resolve()), "--worker", f"{stem}.spec.json"],
+                [sys.executable, "-m", "benchgen_router.bench.routing", "--worker", f"{stem}.spec.json"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=PROJECT_ROOT,
+                cwd=REPOSITORY_ROOT,
             )
         if code != 0:
             tail = Path(f"{stem}.log").read_text(errors="replace").strip().splitlines()[-15:]
@@ -477,15 +486,15 @@ class Bench:
         return result
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    import speedups
+OFFERED_MODES = ("bf16",)  # speedups.SPEED_MODES, named here so that --help imports no torch
+TRIAL_MODE_NAMES = ("padded", "bf16-padded", "int8", "compile", "bf16-compile")  # speedups.TRIAL_MODES
 
-    offered = list(speedups.SPEED_MODES)
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    summary, _, details = (__doc__ or "").partition("\n\n")
+    parser.description, parser.epilog = summary, details
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    offered = OFFERED_MODES
     add = parser.add_argument
     add("--layers", type=int, default=None, help="backbone layers (default: 28, the real depth; fewer for quick runs)")
     add(
@@ -498,9 +507,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--threads", type=int, default=None, help="torch threads in every row (default: torch's default, the cores)")
     add(
         "--modes",
-        default=",".join(["ref-batch16", "default", *offered]),
+        default=None,
         help="rows after (a), comma-separated: ref-batch16, default, speed modes "
-        f"({', '.join(offered)}) and trial modes ({', '.join(speedups.TRIAL_MODES)}) (default: %(default)s)",
+        f"({', '.join(offered)}) and trial modes ({', '.join(TRIAL_MODE_NAMES)}) (default: %(default)s; bf16 rows "
+        "are left out where the CPU only emulates bfloat16, unless named)",
     )
     add(
         "--batch-size",
@@ -534,14 +544,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--workdir", type=Path, default=None, help="where to build the backbone (default: the system temp dir)")
     add("--tiny", action="store_true", help="tiny geometry (hidden 64, 2 layers) for smoke tests; not Qwen3-1.7B")
     add("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+
+
+def check_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """Validate and normalise the options, importing nothing heavy (bad usage fails at once)."""
     if args.worker:
         return args
     args.device = args.device.lower()
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"unknown device '{args.device}'; use cpu or cuda.")
+    if args.modes is None:
+        from benchgen_router.hardware import bf16_is_fast
+
+        fast = args.device.startswith("cuda") or bf16_is_fast("cpu")
+        args.modes = ",".join(["ref-batch16", "default", *(OFFERED_MODES if fast else ())])
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    known = {"ref-batch16", "default", *offered, *speedups.TRIAL_MODES}
+    known = {"ref-batch16", "default", *OFFERED_MODES, *TRIAL_MODE_NAMES}
     unknown = [m for m in args.modes if m not in known]
     if unknown:
         raise UsageError(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}.")
@@ -556,7 +574,7 @@ def machine_summary(device: str, threads: int) -> dict[str, Any]:
     import torch
     import transformers
 
-    from router_utils import cpu_features
+    from benchgen_router.hardware import cpu_features
 
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):
@@ -589,7 +607,7 @@ def row_metrics(
         "tokens_per_s": tokens / seconds,
         "gflops": gflops,
         "pct_fp32_peak": 100 * gflops / peaks["float32"],
-        "pct_bf16_peak": 100 * gflops / peaks["bfloat16"],
+        "pct_bf16_peak": 100 * gflops / peaks["bfloat16"] if "bfloat16" in peaks else None,
         "agreement": float((picks == ref_picks).mean()),
         "emb_rel_err": float(np.linalg.norm(emb - ref_emb) / np.linalg.norm(ref_emb)),
         "max_abs_dlogit": float(np.abs(row["arrays"]["logits"] - ref["arrays"]["logits"]).max()),
@@ -600,13 +618,25 @@ def row_metrics(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    """`python -m benchgen_router.bench.routing`: the same as `benchgen-router bench`."""
+    from benchgen_router.cli.common import configure_output, run_command
+
+    parser = argparse.ArgumentParser(prog="benchgen-router bench")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    configure_output(verbose=False)
+    return run_command(run, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    args = check_arguments(args)
     if args.worker:
         worker(args.worker)
         return 0
     import torch
 
-    import speedups
+    from benchgen_router import speedups
+    from benchgen_router.hardware import bf16_is_fast
 
     started = time.perf_counter()
     load_start = os.getloadavg()
@@ -641,8 +671,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokens = int(sample_lengths.sum())
         flops = 2.0 * built["non_embedding_params"] * tokens
 
+        # Peaks at the model's own shapes (a tiny geometry stays tiny); bfloat16 only where it is not emulated.
+        tokens_per_pass = 8192 if on_gpu else (2048 if not args.tiny else 256)
+        peak_spec = {
+            "repeats": 10 if not args.tiny else 3,
+            "shape": [tokens_per_pass, geometry["hidden_size"], geometry["intermediate_size"]],
+            "dtypes": ["float32", "bfloat16"] if on_gpu or bf16_is_fast("cpu") else ["float32"],
+        }
         say("measuring the matmul peaks ...")
-        peaks_start = bench.run("peak", repeats=10)
+        peaks_start = bench.run("peak", **peak_spec)
         rng = np.random.default_rng(args.seed)
         head_weight = rng.normal(size=(geometry["hidden_size"], len(AGENTS)))
         head_file = workdir / "head.npz"
@@ -679,11 +716,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     profile=args.profile,
                 )
             progress(rows[name], name, rows["ref-single"]["seconds"])
-        peaks_end = bench.run("peak", repeats=10)
+        peaks_end = bench.run("peak", **peak_spec)
 
     peaks = {key: max(peaks_start[key], peaks_end[key]) for key in peaks_start}
     report = {
-        "command": "python bench_routing.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "benchgen-router bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
         "machine": machine_summary(args.device, threads),
         "device": args.device,
         "geometry": {**geometry, "vocab_size": VOCAB_SIZE},
@@ -703,6 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tokenizer_vocab": len(tokenizer),
         },
         "peaks_gflops": {"start": peaks_start, "end": peaks_end, "used": peaks},
+        "peak_shape": peak_spec,
         "loadavg": {"start": load_start, "end": os.getloadavg()},
         "flop_formula": "2 x non-embedding params x real tokens (padding and attention scores not counted)",
         "rows": {},
@@ -733,7 +771,7 @@ def convert_router(
 ) -> Path:
     """A converted router folder `workdir/name` around the synthetic backbone, through the package's
     converter (head-only, or bundled with the backbone)."""
-    from convert_npy import main as convert_main
+    from benchgen_router.convert import convert_release
 
     release = workdir / f"{name}-release"
     release.mkdir()
@@ -746,12 +784,7 @@ def convert_router(
     }
     (release / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     np.save(release / "head_weights.npy", theta)
-    out = workdir / name
-    argv = ["--manifest", str(release / "manifest.json"), "--weights", str(release / "head_weights.npy")]
-    argv += ["--output-dir", str(out), "--backbone", str(backbone)] + (["--bundle-backbone"] if bundle else [])
-    if convert_main(argv) != 0:
-        raise UsageError("converting the random head failed")
-    return out
+    return convert_release(release / "manifest.json", release / "head_weights.npy", workdir / name, bundle=bundle)
 
 
 def say(message: str) -> None:
@@ -792,9 +825,14 @@ def render_markdown(report: dict[str, Any], rows: dict[str, dict[str, Any]]) -> 
         f"sample {sample['tokens_total']:,} total, mean {sample['tokens_mean']:.1f}, min {sample['tokens_min']}, "
         f"max {sample['tokens_max']}; whole workload mean {sample['workload_tokens_mean']:.1f}, "
         f"max {sample['workload_tokens_max']}",
-        f"- matmul peak (best of 10 at the model's shapes), GFLOP/s: float32 {peaks['start']['float32']:.0f} at start, "
-        f"{peaks['end']['float32']:.0f} at end; bfloat16 {peaks['start']['bfloat16']:.0f} / "
-        f"{peaks['end']['bfloat16']:.0f}; the table uses the larger",
+        f"- matmul peak (best of {report['peak_shape']['repeats']} products of {report['peak_shape']['shape']}), "
+        f"GFLOP/s: float32 {peaks['start']['float32']:.0f} at start, {peaks['end']['float32']:.0f} at end; "
+        + (
+            f"bfloat16 {peaks['start']['bfloat16']:.0f} / {peaks['end']['bfloat16']:.0f}"
+            if "bfloat16" in peaks["start"]
+            else "bfloat16 not measured (emulated on this CPU)"
+        )
+        + "; the table uses the larger",
         f"- achieved GFLOP/s = {report['flop_formula']}",
         f"- head: random, seeded, bias centred on 6 calibration prompts outside the sample; (a)'s picks per agent "
         f"{dict(zip(AGENTS, report['pick_distribution'], strict=True))}",
@@ -832,7 +870,7 @@ def render_markdown(report: dict[str, Any], rows: dict[str, dict[str, Any]]) -> 
             f"{row['tokens_per_s']:.4g}",
             f"{row['gflops']:.4g}",
             f"{row['pct_fp32_peak']:.1f}%",
-            f"{row['pct_bf16_peak']:.1f}%",
+            "n/a" if row["pct_bf16_peak"] is None else f"{row['pct_bf16_peak']:.1f}%",
             f"{100 * row['agreement']:.1f}%",
             f"{row['emb_rel_err']:.1e}",
             f"{row['speedup']:.2f}x",
@@ -861,4 +899,4 @@ def render_markdown(report: dict[str, Any], rows: dict[str, dict[str, Any]]) -> 
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(main())

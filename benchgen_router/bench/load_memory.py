@@ -1,10 +1,10 @@
 """Peak memory of loading a router, against the size of its backbone's weights.
 
-    python measure_load_memory.py                 # Qwen3-1.7B geometry, 28 layers (~6.9 GB float32)
-    python measure_load_memory.py --layers 2 --vocab 32000
-    python measure_load_memory.py --checkpoint-dtype float32
+    python -m benchgen_router.bench.load_memory                 # Qwen3-1.7B geometry, 28 layers (~6.9 GB float32)
+    python -m benchgen_router.bench.load_memory --layers 2 --vocab 32000
+    python -m benchgen_router.bench.load_memory --checkpoint-dtype float32
 
-Builds a synthetic backbone with Qwen3-1.7B's geometry (random weights, ../shared/REFERENCE.md),
+Builds a synthetic backbone with Qwen3-1.7B's geometry (random weights),
 saved in bfloat16 as Qwen/Qwen3-1.7B ships (or float32), converts a random head against it in both
 checkpoint modes, then loads each router in float32 through AutoModel.from_pretrained(...,
 trust_remote_code=True) in a fresh process and reports the increase in peak RSS over the process's
@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_routing import AGENTS, QWEN3_1_7B, build_backbone, convert_router
-from router_utils import run_cli
+from benchgen_router.bench.routing import AGENTS, QWEN3_1_7B, build_backbone, convert_router
 
 # Run in a fresh interpreter so that nothing else this script did counts towards the peak.
 # ru_maxrss survives exec (it would report the parent's peak): read VmHWM/VmRSS (KiB) instead.
@@ -53,7 +52,7 @@ print(json.dumps({"before_kib": before, "loaded_kib": loaded, "peak_kib": peak, 
 
 
 def build_synthetic_backbone(folder: Path, layers: int, vocab: int, dtype: str) -> None:
-    """Qwen3-1.7B geometry with random weights (bench_routing's builder), saved like a Hub repo with
+    """Qwen3-1.7B geometry with random weights (the routing benchmark's builder), saved like a Hub repo with
     a minimal tokenizer (loading is measured, not tokenization)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -122,4 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    from benchgen_router.cli.common import configure_output
+
+    configure_output(verbose=False)
+    sys.exit(main())

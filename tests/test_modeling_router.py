@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
-from conftest import AGENTS, convert_release, make_queries
+from helpers import AGENTS, convert_release, make_queries
 from reference_impl import ReferenceRouter
 
 TOL = 1e-4

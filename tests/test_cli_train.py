@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import AGENTS, PILOT, make_queries, run_tool
+from helpers import AGENTS, PILOT, make_queries, run_tool
 from router_utils import head_logits, load_router, run_cli, run_router
 from train_head import main as train_main
 from training import (

@@ -8,7 +8,7 @@ import json
 import pytest
 import transformers
 
-from conftest import run_tool
+from helpers import run_tool
 
 
 @pytest.mark.parametrize("checkpoint_dtype", ["float32", "bfloat16"])

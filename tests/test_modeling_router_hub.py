@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer, pipeline
 
-from conftest import AGENTS, build_backbone, convert_release, make_queries, write_release
+from helpers import AGENTS, build_backbone, convert_release, make_queries, write_release
 from reference_impl import ReferenceRouter
 
 QUERIES = make_queries(12, seed=21)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import AGENTS, PROJECT_ROOT, make_queries, run_tool
+from helpers import AGENTS, PROJECT_ROOT, make_queries, run_tool
 from reference_impl import ReferenceRouter
 from route import get_router, main, pick_agent
 from router_utils import DEFAULT_ROUTER_DIR, load_router, run_cli

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from bench_routing import PROMPT_CHAR_PERCENTILES, generated_workload, stratified_sample
-from conftest import run_tool
+from helpers import run_tool
 
 COLUMNS = [
     "queries_per_s",

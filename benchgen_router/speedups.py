@@ -1,19 +1,19 @@
 """Ways of routing other than the package default, each measured side by side with the reference
-by bench_routing.py (docs/benchmark.md has the numbers).
+by `benchgen-router bench` (docs/benchmark.md has the numbers).
 
-The default, router_utils.run_router on a float32 router, already packs a decoder backbone's
+The default, routing.run_router on a float32 router, already packs a decoder backbone's
 queries several to a row (no padding computed) and gives the reference's picks. What a user can opt
 into on top (SPEED_MODES, rows (d) of the benchmark) is one thing, asked for the way transformers
 users ask for it, with a dtype:
 
     bf16    the backbone in bfloat16 (the head stays float32): fast where the CPU has AMX or
-            avx512_bf16 (router_utils.bf16_is_fast()), and on GPUs. Same packing.
+            avx512_bf16 (hardware.bf16_is_fast()), and on GPUs. Same packing.
 
-            model, tokenizer = load_router(path, dtype="bfloat16")      # or route.py --dtype bfloat16,
+            model, tokenizer = load_router(path, dtype="bfloat16")      # or `route --dtype bfloat16`,
             logits, embeddings = run_router(model, tokenizer, queries)   # pick_agent(..., dtype="bfloat16")
 
 Modes that were measured and lost stay in TRIAL_MODES, so that the decision can be re-checked on
-other hardware (`python bench_routing.py --modes padded,int8,compile,bf16-compile`); no
+other hardware (`benchgen-router bench --modes padded,int8,compile,bf16-compile`); no
 user-facing tool offers them.
 """
 
@@ -121,7 +121,7 @@ def get_mode(name: str) -> SpeedMode:
 
 def apply_speed_mode(model: Any, mode: str) -> Any:
     """Return the RouterModel `model` switched to `mode` (in place where possible); route it with
-    router_utils.run_router as usual.
+    routing.run_router as usual.
 
     The backbone is converted to the mode's dtype if it was loaded in another one; the head stays
     float32 so the logits are scored as the reference scores them.

@@ -1,0 +1,1 @@
+"""Benchmarks: routing speed against the reference, and the peak memory of loading a router."""

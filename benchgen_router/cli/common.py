@@ -1,0 +1,119 @@
+"""What every subcommand shares: argument types, the batching flags, quiet logging and exit codes.
+
+Exit codes: 0 done; 1 some input lines were skipped, the rest done; 2 bad usage or input (one
+`error:` line, nothing written); 70 an unexpected error (one line; --verbose shows the traceback);
+130 interrupted; 141 stdout closed early (`| head`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 70, 130, 141
+EXIT_CODES_HELP = (
+    "exit codes: 0 done; 1 some lines skipped, the rest done; 2 bad usage or input (nothing written); "
+    "70 unexpected error; 130 interrupted; 141 stdout closed early"
+)
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+def non_negative_int(value: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return number
+
+
+def add_batching_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--batch-size and --max-batch-tokens, as every tool that runs the backbone takes them."""
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        metavar="N",
+        help="queries per forward pass (default: as many as --max-batch-tokens holds for a decoder backbone "
+        "such as Qwen, whose queries are packed with no padding; at most 16 for other backbones)",
+    )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=positive_int,
+        metavar="N",
+        help="positions per forward pass, for every backbone (default: 2048 on CPU in float32, 4096 on CPU in "
+        "bfloat16/float16, 32768 on a GPU); lower it to bound memory",
+    )
+
+
+def add_dtype_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: str = "auto") -> None:
+    parser.add_argument(
+        "--dtype",
+        default=default,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="backbone dtype (default: %(default)s: the router's own, float32 for converted releases, the "
+        "reference's picks); bfloat16 is the fast path on GPUs and on CPUs with AMX or avx512_bf16",
+    )
+    parser.add_argument(
+        "--allow-emulated-bf16",
+        action="store_true",
+        help="run bfloat16 even on a CPU without AMX/avx512_bf16, where it is emulated and very slow",
+    )
+
+
+def add_verbosity_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", "-v", action="store_true", help="library notices, load bars and tracebacks")
+
+
+def configure_output(verbose: bool) -> None:
+    """Quiet by default: the project's own messages on stderr, transformers' load bars and notices
+    hidden (set before transformers is imported, which reads them once)."""
+    if not verbose:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("benchgen_router").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a subcommand: bad input is one `error: ...` line and exit 2, anything unexpected one line
+    and exit 70 (the traceback with --verbose), never exit 1, which means "some lines skipped"."""
+    from benchgen_router.errors import UsageError, first_line
+
+    verbose = getattr(args, "verbose", False)
+    try:
+        return command(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
+    except Exception as err:
+        if verbose:
+            traceback.print_exc()
+        print(
+            f"error: unexpected {type(err).__name__}: {first_line(err)}"
+            + ("" if verbose else " (rerun with --verbose for the traceback)"),
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL

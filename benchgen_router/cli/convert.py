@@ -1,0 +1,64 @@
+"""benchgen-router convert: a trainer release (manifest.json + head_weights.npy) -> a router folder.
+
+    benchgen-router convert --manifest manifest.json --weights head_weights.npy --output-dir router/
+
+The folder holds config.json, model.safetensors (the head only, or backbone + head with
+--bundle-backbone), the two remote-code files, the backbone's tokenizer and a model card, and
+loads with AutoModel.from_pretrained(folder, trust_remote_code=True) or the text-classification
+pipeline. Every input is validated before anything is written; on error nothing is left behind.
+A non-empty folder that holds no router is refused unless --overwrite (which deletes nothing the
+converter does not write); a router folder, such as the repository root (`--output-dir .`), is
+replaced: its config, weights, code, tokenizer and card, keeping any README text after the card.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchgen_router.cli.common import EXIT_CODES_HELP
+
+HELP = "convert a trainer release into a router folder"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    summary, _, details = (__doc__ or "").partition("\n\n")
+    parser.description, parser.epilog = summary, details + "\n" + EXIT_CODES_HELP
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--manifest", required=True, type=Path, help="manifest.json written by the trainer")
+    parser.add_argument("--weights", required=True, type=Path, help="head_weights.npy: flat float vector theta")
+    parser.add_argument("--output-dir", required=True, type=Path, help="folder to write the router into")
+    parser.add_argument(
+        "--backbone",
+        help="read the backbone's config and tokenizer from here: a Hub id or a local copy "
+        "(default: the manifest's backbone_model)",
+    )
+    parser.add_argument(
+        "--backbone-id",
+        help="the backbone id the folder records (default: the manifest's backbone_model, else --backbone)",
+    )
+    parser.add_argument("--backbone-revision", help="pin the backbone to this revision (branch, tag or commit)")
+    parser.add_argument(
+        "--bundle-backbone", action="store_true", help="store the backbone's weights in model.safetensors too"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty folder that holds no router")
+    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the folder's model files to this Hub repo")
+
+
+def run(args: argparse.Namespace) -> int:
+    from benchgen_router.convert import convert_release
+    from benchgen_router.folder import push_folder
+
+    folder = convert_release(
+        args.manifest,
+        args.weights,
+        args.output_dir,
+        backbone=args.backbone,
+        backbone_revision=args.backbone_revision,
+        backbone_id=args.backbone_id,
+        bundle=args.bundle_backbone,
+        overwrite=args.overwrite,
+    )
+    if args.push_to_hub:
+        push_folder(folder, args.push_to_hub)
+    return 0

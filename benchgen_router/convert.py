@@ -1,0 +1,166 @@
+"""Converting a trainer release (manifest.json + head_weights.npy) into a router folder.
+
+Every input is validated before anything is written: a flat, finite float vector whose length
+matches embedding_dim, head_hidden_dim and the number of agents (finite also once cast to float32),
+a manifest readers can use, and a backbone whose hidden size is embedding_dim. On error nothing is
+written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchgen_router.errors import UsageError, first_line
+from benchgen_router.folder import check_output_folder, render_card, write_router_folder
+from benchgen_router.head import check_float32_finite, head_param_count, theta_to_state_dict
+from benchgen_router.loading import load_backbone_config, load_backbone_tokenizer, router_config
+from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH, provenance, read_manifest
+
+logger = logging.getLogger("benchgen_router")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def load_theta(path: Path, expected_size: int, manifest: dict[str, Any]) -> np.ndarray:
+    """The flat head vector, refusing anything that is not a finite float vector of the right size."""
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(6)
+        if magic.startswith(b"PK"):
+            raise UsageError(f"{path} is an .npz archive; pass the single flat vector head_weights.npy.")
+        if magic != b"\x93NUMPY":  # checked first: numpy reports any non-.npy file as "pickled data"
+            raise UsageError(f"{path} is not a readable .npy file (no NumPy header); pass head_weights.npy.")
+        theta = np.load(path, allow_pickle=False)  # a pickled .npy is refused here, never executed
+    except FileNotFoundError:
+        raise UsageError(f"weights file not found: {path}") from None
+    except ValueError as err:
+        if isinstance(err, UsageError):
+            raise
+        if "allow_pickle" in str(err):
+            raise UsageError(
+                f"{path} holds pickled Python objects; it must be a plain float .npy (np.save of a float array)."
+            ) from None
+        raise UsageError(f"{path} is not a readable .npy file ({err}).") from None
+    except OSError as err:
+        raise UsageError(f"{path} is not a readable .npy file ({err}).") from None
+    if theta.ndim != 1:
+        raise UsageError(f"{path} has shape {theta.shape}; the head must be one flat 1-D vector (REFERENCE.md layout).")
+    if not np.issubdtype(theta.dtype, np.floating):
+        raise UsageError(f"{path} has dtype {theta.dtype}; the head must be a float vector.")
+    if theta.size != expected_size:
+        raise UsageError(
+            f"{path} holds {theta.size} values but embedding_dim={manifest['embedding_dim']}, "
+            f"head_hidden_dim={manifest['head_hidden_dim']} and {len(manifest['agent_order'])} agents need "
+            f"{expected_size}; pass the weights that belong to this manifest."
+        )
+    check_float32_finite(theta, str(path))
+    return theta.astype(np.float64)
+
+
+def recorded_backbone(manifest: dict[str, Any], backbone: str | None, backbone_id: str | None) -> str:
+    """The backbone id a published folder names: --backbone-id, else the manifest's backbone_model,
+    else --backbone itself. A local copy is where weights are read from, not what is recorded."""
+    recorded = backbone_id or manifest.get("backbone_model") or backbone
+    if not recorded:
+        raise UsageError("the manifest names no backbone_model; pass --backbone ID_OR_PATH.")
+    if not _HUB_ID.match(recorded) and os.path.isdir(recorded):
+        logger.warning(
+            "recording the local folder %s as the backbone: pass --backbone-id <Hub id> so others can load it", recorded
+        )
+    return recorded
+
+
+def _head_only_router(config: Any, state: dict[str, Any]) -> Any:
+    """A RouterModel holding just the head: the backbone is built on the meta device (no memory,
+    no weights), since a head-only save writes only the head."""
+    import torch
+    from transformers import AutoModel
+
+    from benchgen_router.model_code import RouterModel
+
+    with torch.device("meta"):
+        backbone = AutoModel.from_config(config.text_config)
+    model = RouterModel(config, backbone=backbone)
+    model.head.load_state_dict({key.removeprefix("head."): value for key, value in state.items()})
+    return model
+
+
+def _bundled_router(config: Any, state: dict[str, Any], source: str, revision: str | None) -> Any:
+    """A RouterModel with the backbone's real weights, for a self-contained checkpoint."""
+    import torch
+    from transformers import AutoModel
+
+    from benchgen_router.model_code import RouterModel
+
+    try:
+        weights = AutoModel.from_pretrained(source, revision=revision, config=config.text_config, dtype=torch.float32)
+    except OSError as err:
+        raise UsageError(
+            f"cannot load the weights of backbone '{source}' to bundle them ({first_line(err)})."
+        ) from None
+    model = RouterModel(config, backbone=weights)
+    model.head.load_state_dict({key.removeprefix("head."): value for key, value in state.items()})
+    return model
+
+
+def convert_release(
+    manifest_path: Path,
+    weights_path: Path,
+    output_dir: Path,
+    backbone: str | None = None,
+    backbone_revision: str | None = None,
+    backbone_id: str | None = None,
+    bundle: bool = False,
+    overwrite: bool = False,
+    card_note: str | None = None,
+) -> Path:
+    """Validate a release, then write its router folder.
+
+    `backbone`: where the backbone's config, tokenizer (and, with `bundle`, weights) are read from
+    (default: the recorded id). The folder records `backbone_id`, else the manifest's
+    backbone_model, else `backbone`. The manifest's backbone_revision applies unless another
+    backbone id is named.
+    """
+    manifest = read_manifest(manifest_path)
+    agents = manifest["agent_order"]
+    dim, hidden = manifest["embedding_dim"], manifest["head_hidden_dim"]
+    theta = load_theta(Path(weights_path), head_param_count(dim, len(agents), hidden), manifest)
+    check_output_folder(Path(output_dir), overwrite)
+    recorded = recorded_backbone(manifest, backbone, backbone_id)
+    source = backbone or recorded
+    same_id = recorded == manifest.get("backbone_model")
+    revision = backbone_revision or (manifest.get("backbone_revision") if same_id else None)
+    backbone_config = load_backbone_config(source, revision)
+    tokenizer = load_backbone_tokenizer(source, revision)
+    if backbone_config.hidden_size != dim:
+        raise UsageError(
+            f"backbone '{source}' has hidden size {backbone_config.hidden_size} but the head expects "
+            f"embedding_dim={dim}; pass the backbone the head was trained on."
+        )
+    # 5.x names generic tokenizer.json tokenizers "TokenizersBackend", a class 4.x does not have.
+    tokenizer_class = type(tokenizer).__name__.replace("TokenizersBackend", "PreTrainedTokenizerFast")
+    config = router_config(
+        backbone_config,
+        tokenizer,
+        recorded,
+        agents,
+        hidden,
+        revision,
+        truncation_length=manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH),
+        bundled_backbone=bundle,
+        training=provenance(manifest),
+        tokenizer_class=tokenizer_class,
+        architectures=["RouterModel"],
+    )
+    config.dtype = "float32"  # the reference embeds in float32; "auto" loading resolves to this
+    state = theta_to_state_dict(theta, dim, len(agents), hidden)
+    model = _bundled_router(config, state, source, revision) if bundle else _head_only_router(config, state)
+    card = render_card(config, recorded, revision, note=card_note)
+    write_router_folder(Path(output_dir), model, tokenizer, card, overwrite=overwrite)
+    logger.info("wrote %s (%s agents, %s head parameters)", output_dir, len(agents), theta.size)
+    return Path(output_dir)

@@ -1,0 +1,256 @@
+"""Writing a router folder (config, weights, code, tokenizer, card): one function for every tool.
+
+`write_router_folder` stages everything in a temporary folder next to the target and moves it into
+place only when all of it was written, so a failed run leaves the folder as it was. The config,
+the weights and the two code files come from `RouterModel.save_pretrained` (head-only unless the
+backbone is bundled); the tokenizer and the model card are added here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+from benchgen_router.errors import UsageError, first_line
+from benchgen_router.files import staging_dir
+from benchgen_router.head import head_param_count
+
+logger = logging.getLogger("benchgen_router")
+
+CARD_TEMPLATE = Path(__file__).resolve().parent / "model_card.md"
+CARD_END = "<!-- end of router card -->"
+# What a pushed router folder holds: the Hub model files, never the tooling around them.
+HUB_FILES = (
+    "README.md",
+    "config.json",
+    "model*.safetensors",
+    "model.safetensors.index.json",
+    "configuration_router.py",
+    "modeling_router.py",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "chat_template.*",
+    "router_head.py",
+    "convert_npy.py",
+)
+# Files a router folder's writer owns besides config, code and card. In a folder that already holds
+# a router they are replaced, so stale weights (old shards, an index) or another backbone's
+# tokenizer files never survive next to the new ones. In any other folder nothing is deleted.
+REPLACED_PATTERNS = (
+    "model*.safetensors*",
+    "pytorch_model*.bin*",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "chat_template.*",
+)
+# Loading options that from_pretrained records in tokenizer_config.json; a published folder must
+# not carry them (`local_files_only: true` would make every user's load offline-only).
+LOADING_FLAGS = (
+    "local_files_only",
+    "is_local",
+    "cache_dir",
+    "force_download",
+    "proxies",
+    "token",
+    "revision",
+    "subfolder",
+    "trust_remote_code",
+    "_commit_hash",
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_router_folder(folder: Path) -> bool:
+    """True when `folder` holds a BenchGen router (its config.json says so)."""
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type") == "benchgen_router"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_output_folder(folder: Path, overwrite: bool) -> None:
+    """Refuse to write into a non-empty folder that does not hold a router, unless overwrite."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"output folder {folder} is a file; pass a folder path.")
+    if folder.is_dir() and any(folder.iterdir()) and not is_router_folder(folder) and not overwrite:
+        raise UsageError(
+            f"output folder {folder} already holds files and no router; pass an empty or new folder, "
+            "or --overwrite to write the router's files into it (nothing else there is deleted)."
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The model card
+
+
+def _text(value: Any) -> str:
+    """A value as one table cell: numbers rounded, anything else as compact single-line text."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4f}" if math.isfinite(value) else "n/a"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    text = " ".join(text.split()).replace("|", "\\|")  # one line; a pipe would end the cell
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, int | float) and not isinstance(value, bool) else _text(value)
+
+
+def figure_rows(training: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's training figures. Provenance may hold anything (readers rely on nothing but the
+    reference's four keys), so every value is rendered defensively."""
+    baselines = training.get("baselines") if isinstance(training.get("baselines"), dict) else {}
+    rows = [
+        ("rewards dataset", _text(training.get("rewards_dataset"))),
+        ("rows (train / held out)", f"{_text(training.get('n_train'))} / {_text(training.get('n_test'))}"),
+        ("train reward", _number(training.get("train_reward"))),
+        ("held-out reward (router)", _number(training.get("test_reward"))),
+        ("held-out best fixed agent", _number(baselines.get("best_fixed_agent"))),
+        ("held-out uniform random", _number(baselines.get("random_agent"))),
+        ("held-out oracle", _number(baselines.get("oracle"))),
+        ("beats best fixed agent", _text(training.get("beats_best_fixed_agent"))),
+        ("CMA-ES generations", _text(training.get("cma_generations_run"))),
+    ]
+    cv = training.get("cross_validation")
+    if isinstance(cv, dict):
+        folds = _text(cv.get("folds"))
+        rows.append(
+            (f"{folds}-fold CV reward (router)", f"{_number(cv.get('router_mean'))} ± {_number(cv.get('router_std'))}")
+        )
+        rows.append((f"{folds}-fold CV best fixed agent", _number(cv.get("best_fixed_mean"))))
+    return rows
+
+
+def render_card(
+    config: Any, backbone: str, revision: str | None, note: str | None = None, repo: str = "<this repo>"
+) -> str:
+    """README.md of a router folder: Hub metadata (YAML front matter) and what a user needs to know."""
+    agents = config.agent_order
+    training = config.training if isinstance(config.training, dict) else {}
+    n_params = head_param_count(config.embedding_dim, len(agents), config.head_hidden_dim)
+    head_kind = (
+        "linear (logits = embedding @ W + b)"
+        if config.head_hidden_dim == 0
+        else f"an MLP (a tanh hidden layer of {config.head_hidden_dim})"
+    )
+    at_revision = f" at revision `{revision}`" if revision else ""
+    if config.bundled_backbone:
+        weights_line = (
+            "`model.safetensors` holds the backbone and the head: this folder loads with no other repository."
+        )
+    else:
+        weights_line = (
+            f"`model.safetensors` holds only the head ({n_params:,} values); the backbone's weights load from "
+            f"`{backbone}`{at_revision} through the normal Hub cache."
+        )
+    # JSON strings are valid YAML scalars, so any id is quoted safely; a path is not a Hub model.
+    base_model_line = f"base_model: {json.dumps(backbone)}" if _HUB_ID.match(backbone) else ""
+    values = {
+        "base_model_line": base_model_line,
+        "title": _text(training.get("model_id") or "BenchGen Router Lite"),
+        "backbone": backbone,
+        "embedding_dim": config.embedding_dim,
+        "n_agents": len(agents),
+        "head_kind": head_kind,
+        "n_params": f"{n_params:,}",
+        "weights_line": weights_line,
+        "pool_rows": "\n".join(f"| {i} | `{agent}` |" for i, agent in enumerate(agents)),
+        "figure_rows": "\n".join(f"| {name} | {value} |" for name, value in figure_rows(training)),
+        "repo": repo,
+        "truncation_length": config.truncation_length,
+        "card_note": f"\n{note.strip()}\n" if note and note.strip() else "",
+    }
+    card = string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(values)
+    return re.sub(r"\n\n+(?=license:)", "\n", card)  # no blank line where base_model was left out
+
+
+def merge_card(card: str, existing: str | None) -> str:
+    """The new card, followed by whatever the folder's README kept after the previous card's end
+    marker (the repository root's README carries the project's documentation there)."""
+    if existing and CARD_END in existing:
+        return card.rstrip("\n") + existing.split(CARD_END, 1)[1]
+    return card
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder
+
+
+def save_tokenizer(tokenizer: Any, folder: Path) -> None:
+    """The tokenizer files, loadable by both transformers lines and free of loading flags."""
+    tokenizer.save_pretrained(folder)
+    config_file = folder / "tokenizer_config.json"
+    if config_file.exists():
+        settings = json.loads(config_file.read_text(encoding="utf-8"))
+        for flag in LOADING_FLAGS:
+            settings.pop(flag, None)
+        # 5.x names generic tokenizer.json tokenizers "TokenizersBackend", a class 4.x does not have.
+        if settings.get("tokenizer_class") == "TokenizersBackend":
+            settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_file.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_router_folder(folder: Path, model: Any, tokenizer: Any, card: str, overwrite: bool = False) -> Path:
+    """Write a complete router folder: config, weights (head-only unless bundled), the two code
+    files, the tokenizer and the model card. Refuses a non-empty folder that holds no router unless
+    `overwrite`; deletes nothing it did not write."""
+    folder = Path(folder)
+    check_output_folder(folder, overwrite)
+    replacing = is_router_folder(folder)
+    existing_card = (folder / "README.md").read_text(encoding="utf-8") if (folder / "README.md").is_file() else None
+    with staging_dir(folder) as staging:
+        try:
+            model.save_pretrained(staging)
+            save_tokenizer(tokenizer, staging)
+        except OSError as err:
+            raise UsageError(f"cannot write the router into {folder} ({first_line(err)}).") from None
+        (staging / "README.md").write_text(merge_card(card, existing_card), encoding="utf-8")
+        if replacing:
+            written = {path.name for path in staging.iterdir()}
+            for pattern in REPLACED_PATTERNS:
+                for stale in folder.glob(pattern):
+                    if stale.is_file() and stale.name not in written:
+                        stale.unlink()
+    return folder
+
+
+def push_folder(folder: Path, repo_id: str) -> str:
+    """Upload a router folder's Hub files (HUB_FILES, never tooling) with huggingface_hub; the token
+    comes from the usual HF_TOKEN or `huggingface-cli login`."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, repo_type="model", exist_ok=True)
+        commit = api.upload_folder(
+            folder_path=str(folder),
+            repo_id=repo_id,
+            repo_type="model",
+            allow_patterns=list(HUB_FILES),
+            commit_message="Upload BenchGen router",
+        )
+    except Exception as err:  # HTTP errors, offline mode, no network (httpx), no token: all one line
+        raise UsageError(
+            f"{folder} is complete, but pushing it to '{repo_id}' failed ({first_line(err)}); push it later with "
+            f"`benchgen-router convert ... --push-to-hub {repo_id}` or `huggingface-cli upload {repo_id} {folder}` "
+            "once the Hub is reachable and you are logged in."
+        ) from None
+    logger.info("pushed %s to %s", folder, repo_id)
+    return str(commit)

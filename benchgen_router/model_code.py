@@ -1,0 +1,44 @@
+"""Where the router's model code and the committed default router live.
+
+The repository root is the Hub model folder: `configuration_router.py` and `modeling_router.py` (the
+remote code) next to the default router's config, weights and tokenizer. A clone or an editable
+install has the root on sys.path; a wheel carries the same files in `benchgen_router/default_router/`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGED = PACKAGE_DIR / "default_router"
+
+try:  # a clone or an editable install
+    from configuration_router import DEFAULT_TRUNCATION_LENGTH, RouterConfig
+    from modeling_router import AUTO_MAP, CODE_FILES, PACK_WIDTH, RouterModel, build_head, pack_rows
+except ImportError:  # a wheel install
+    from benchgen_router.default_router.configuration_router import DEFAULT_TRUNCATION_LENGTH, RouterConfig
+    from benchgen_router.default_router.modeling_router import (
+        AUTO_MAP,
+        CODE_FILES,
+        PACK_WIDTH,
+        RouterModel,
+        build_head,
+        pack_rows,
+    )
+
+__all__ = [
+    "AUTO_MAP",
+    "CODE_FILES",
+    "DEFAULT_TRUNCATION_LENGTH",
+    "PACK_WIDTH",
+    "RouterConfig",
+    "RouterModel",
+    "build_head",
+    "default_router_dir",
+    "pack_rows",
+]
+
+
+def default_router_dir() -> Path:
+    """The committed default router: the repository root, or its copy inside a wheel install."""
+    return _PACKAGED if (_PACKAGED / "config.json").is_file() else PACKAGE_DIR.parent

@@ -1,0 +1,275 @@
+"""Routing: batching by token budget, the one inference path every tool uses, and `pick_agent`.
+
+    from benchgen_router import pick_agent
+    pick_agent("What is the derivative of x^3 + 2x?")["picked_agent"]   # e.g. "frontier_a"
+    pick_agent(["q1", "q2"], model="path/or/hub-id")                      # a list in, a list out
+
+Each result: {"picked_agent": agent id, "agent_index": its position in the pool, "probabilities":
+{agent: softmax of the logits}, "logits": {agent: raw head score}}, agents in the pool's order.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchgen_router.errors import UsageError
+from benchgen_router.hardware import default_batch_tokens, resolve_device
+
+DEFAULT_PADDED_BATCH = 16  # queries per padded batch (encoder backbones) unless the token budget is smaller
+ROUTER_CACHE_SIZE = 4  # routers kept loaded by pick_agent; a 1.7B backbone is several GB
+
+
+class EmptyQueryError(ValueError):
+    """Queries with no tokens besides the tokenizer's special ones: zero-width spaces, a lone
+    byte-order mark, control characters. No router can score them. `positions` lists them."""
+
+    def __init__(self, positions: list[int]) -> None:
+        self.positions = positions
+        super().__init__(
+            f"quer{'y' if len(positions) == 1 else 'ies'} at position(s) {positions} tokenize to nothing but "
+            "special tokens (zero-width or control characters only); a router cannot score an empty query."
+        )
+
+
+def check_batching(batch_size: Any, max_batch_tokens: Any) -> None:
+    """Every batching argument is a positive integer or None, checked at the API (not only by argparse):
+    a negative size would silently route nothing, and a zero budget would never finish planning."""
+    for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UsageError(f"{name} must be a positive integer or None, got {value!r}.")
+
+
+def plan_batches(
+    lengths: Sequence[int],
+    packed: bool,
+    batch_size: int | None = None,
+    max_batch_tokens: int = 2048,
+    packing: Any = None,
+) -> list[list[int]]:
+    """Which queries (by index) go through the model together, longest first.
+
+    Padded batches (`packed` False): queries of similar length, at most `batch_size` (16 when None)
+    and at most max_batch_tokens positions once padded (always at least one query).
+    Packed batches: as many queries as fill max_batch_tokens positions once the model lays them
+    out with `packing.pack_rows` (rows as wide as the batch's longest query and at least
+    `packing.PACK_WIDTH`): each long query's row is topped up with short ones. `packing` is the
+    loaded model's own module, so the plan is the layout the model will use. `batch_size`, when
+    given, also caps the queries per batch.
+    """
+    check_batching(batch_size, max_batch_tokens)
+    remaining = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    if not packed:
+        cap = batch_size or DEFAULT_PADDED_BATCH
+        while remaining:
+            longest = max(1, lengths[remaining[0]])
+            size = max(1, min(cap, max_batch_tokens // longest))
+            batches.append(remaining[:size])
+            remaining = remaining[size:]
+        return batches
+    while remaining:
+        width = max(packing.PACK_WIDTH, lengths[remaining[0]])
+        rows, left = packing.pack_rows(
+            [lengths[i] for i in remaining], width, max_rows=max(1, max_batch_tokens // width)
+        )
+        batch = sorted((remaining[j] for row in rows for j in row), key=lambda i: -lengths[i])
+        over = batch[batch_size:] if batch_size else []
+        batches.append(batch[: len(batch) - len(over)])
+        remaining = sorted(over + [remaining[j] for j in left], key=lambda i: -lengths[i])
+    return batches
+
+
+def run_router(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
+    progress: bool = False,
+    desc: str = "routing",
+) -> tuple[np.ndarray, np.ndarray]:
+    """(logits, embeddings) for texts, in input order, as float32 numpy arrays.
+
+    Each query's result is what it gets alone. Decoder backbones (Qwen and kin) run packed: the
+    model lays a batch's queries several to a row with no padding computed, and batches are filled
+    up to max_batch_tokens positions (hardware.default_batch_tokens() when None). Other backbones
+    run in length-sorted padded batches of at most `batch_size` queries (16 when None) and
+    max_batch_tokens positions. Raises EmptyQueryError, before the model runs, for queries that
+    tokenize to nothing.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    check_batching(batch_size, max_batch_tokens)
+    encoded = tokenizer(list(texts), truncation=True, max_length=model.config.truncation_length)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    empty = [i for i, length in enumerate(lengths) if length <= model.config.special_tokens_per_query]
+    if empty:
+        raise EmptyQueryError(empty)
+    weight = next(model.backbone.parameters())
+    budget = max_batch_tokens or default_batch_tokens(weight.device, weight.dtype)
+    packing = sys.modules[type(model).__module__]
+    logits = np.zeros((len(texts), len(model.config.id2label)), dtype=np.float32)
+    embeddings = np.zeros((len(texts), model.config.embedding_dim), dtype=np.float32)
+    with torch.inference_mode(), tqdm(total=len(texts), desc=desc, unit="q", disable=not progress) as bar:
+        for rows in plan_batches(lengths, model.packs_queries, batch_size, budget, packing):
+            features = [{key: encoded[key][i] for key in encoded} for i in rows]
+            batch = tokenizer.pad(features, padding=True, return_tensors="pt").to(weight.device)
+            output = model(**batch)
+            logits[rows] = output.logits.float().cpu().numpy()
+            embeddings[rows] = output.embeddings.float().cpu().numpy()
+            bar.update(len(rows))
+    return logits, embeddings
+
+
+def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[str, Any]]:
+    """One result dict per row of logits: the argmax agent (first on ties, as the reference's
+    np.argmax), its index, and softmax probabilities and raw logits keyed by agent id."""
+    scores = logits.astype(np.float64)
+    if not np.isfinite(scores).all():
+        raise UsageError("the router produced NaN or infinite scores; its head or backbone weights are broken.")
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    probabilities = shifted / shifted.sum(axis=1, keepdims=True)
+    results = []
+    for row_logits, row_probabilities in zip(scores, probabilities, strict=True):
+        index = int(np.argmax(row_logits))
+        results.append(
+            {
+                "picked_agent": agents[index],
+                "agent_index": index,
+                "probabilities": {agent: float(p) for agent, p in zip(agents, row_probabilities, strict=True)},
+                "logits": {agent: float(x) for agent, x in zip(agents, row_logits, strict=True)},
+            }
+        )
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# pick_agent: loads cached per (router, device, dtype, backbone, revision), each made once
+
+
+class _RouterCache:
+    """Loaded routers, least recently used dropped first. Loading happens under a lock, so threads
+    that all make their first call at once load a router once, not once each (a 1.7B backbone
+    loaded eight times would not fit in memory)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._routers: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, **load: Any) -> tuple[Any, Any]:
+        from benchgen_router.loading import load_router
+
+        with self._lock:
+            if key not in self._routers:
+                self._routers[key] = load_router(**load)
+                while len(self._routers) > self.size:
+                    self._routers.popitem(last=False)
+            self._routers.move_to_end(key)
+            return self._routers[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._routers.clear()
+
+
+ROUTERS = _RouterCache(ROUTER_CACHE_SIZE)
+
+
+def get_router(
+    model: Any = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    backbone: str | None = None,
+    revision: str | None = None,
+) -> tuple[Any, Any]:
+    """(model, tokenizer) for pick_agent's `model=`: a folder or Hub id (loaded once, then reused),
+    None for the default router, or something already loaded: a (model, tokenizer) pair or any
+    object with .model and .tokenizer (a text-classification pipeline, for instance), used as it
+    is (device, dtype, backbone and revision only apply to loading)."""
+    if model is None or isinstance(model, str | os.PathLike):
+        name = None if model is None else (str(Path(model).resolve()) if os.path.isdir(model) else str(model))
+        device = resolve_device(device)
+        dtype = None if dtype == "auto" else dtype
+        backbone = None if backbone is None else str(backbone)
+        key = (name, device, str(dtype), backbone, revision)
+        return ROUTERS.get(key, model=name, device=device, dtype=dtype, backbone=backbone, revision=revision)
+    if isinstance(model, tuple) and len(model) == 2:
+        return model
+    if hasattr(model, "model") and hasattr(model, "tokenizer"):
+        return model.model, model.tokenizer
+    raise TypeError(
+        f"model= takes a router folder or Hub id, None (the default router), a (model, tokenizer) pair "
+        f"or an object with .model and .tokenizer; got {type(model).__name__}."
+    )
+
+
+def as_query_list(query_or_list: Any) -> tuple[list[str], bool]:
+    """(queries, single): a str is one query; a list, tuple or other sequence of str is many.
+    Anything else (bytes, a dict, a number) is a TypeError naming its type."""
+    if isinstance(query_or_list, str):
+        return [query_or_list], True
+    if isinstance(query_or_list, bytes | bytearray | dict | set) or not isinstance(query_or_list, Sequence):
+        raise TypeError(
+            f"pick_agent takes a str or a sequence of str, got {type(query_or_list).__name__}"
+            + (
+                "; decode bytes first (e.g. data.decode('utf-8'))."
+                if isinstance(query_or_list, bytes | bytearray)
+                else "."
+            )
+        )
+    queries = list(query_or_list)
+    for position, query in enumerate(queries):
+        if not isinstance(query, str):
+            raise TypeError(f"query {position} is {type(query).__name__}, not a str.")
+    return queries, False
+
+
+def pick_agent(
+    query_or_list: str | Sequence[str],
+    model: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
+    progress: bool = False,
+    backbone: str | None = None,
+    revision: str | None = None,
+) -> dict[str, Any] | list[dict[str, Any]]:
+    """Pick the agent that should answer a query (a dict) or each query of a list (a list of dicts,
+    same order), the original release's `pick_agent`. A list is routed in batches as run_router
+    makes them.
+
+    `model`: see get_router; loads are cached, so calling this in a loop does not reload the
+    router. `device` defaults to a GPU when there is one; `dtype` to the router's own (float32 for
+    converted releases, the reference's picks); `dtype="bfloat16"` is the fast path on GPUs and on
+    CPUs with AMX or avx512_bf16.
+
+    Raises TypeError for anything but a str or a sequence of str, ValueError for an empty query
+    (blank, or tokenizing to nothing: EmptyQueryError names the positions), and UsageError (a
+    ValueError) when the router cannot be loaded or an argument is invalid.
+    """
+    queries, single = as_query_list(query_or_list)
+    check_batching(batch_size, max_batch_tokens)
+    blank = [position for position, query in enumerate(queries) if not query.strip()]
+    if blank:
+        where = "the query is" if single else f"queries at position(s) {blank} are"
+        raise ValueError(f"{where} empty; a router cannot score an empty query.")
+    if not queries:
+        return []
+    router, tokenizer = get_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision)
+    logits, _ = run_router(
+        router, tokenizer, queries, batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress
+    )
+    results = results_from_logits(logits, router.config.agent_order)
+    return results[0] if single else results

@@ -1,0 +1,191 @@
+"""Builders the tests share: tiny random Qwen3 backbones, a byte-level BPE tokenizer, trainer
+releases with random heads, and the command line run as a user runs it. Everything is built at test
+time; nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHARED = PROJECT_ROOT.parent / "shared"
+PILOT = SHARED / "benchgen-pilot"
+AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
+NO_PILOT = f"pilot data not found at {PILOT} (CI has it)"
+
+SUBJECTS = [
+    "derivative",
+    "integral",
+    "prime",
+    "triangle",
+    "photosynthesis",
+    "treaty",
+    "enzyme",
+    "matrix",
+    "probability",
+    "volcano",
+    "sonnet",
+    "algorithm",
+    "inflation",
+    "glacier",
+    "vaccine",
+    "orbit",
+]
+VERBS = ["Explain", "Compute", "Prove", "Describe", "Estimate", "Compare", "Summarise", "Find"]
+
+
+def make_queries(count: int, seed: int = 0) -> list[str]:
+    """Deterministic questions of varied length (a few words to a few sentences)."""
+    rng = np.random.default_rng(seed)
+    queries = []
+    for _ in range(count):
+        parts = [f"{rng.choice(VERBS)} the {rng.choice(SUBJECTS)} of {int(rng.integers(2, 999))}"]
+        for _ in range(int(rng.integers(0, 6))):
+            parts.append(f"then relate it to the {rng.choice(SUBJECTS)} and the {rng.choice(SUBJECTS)}")
+        queries.append(", ".join(parts) + "?")
+    return queries
+
+
+def build_tokenizer(folder: Path) -> None:
+    """A byte-level BPE tokenizer like Qwen's: no BOS/EOS added, pads on the right."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(make_queries(400, seed=123), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|endoftext|>")
+    fast.save_pretrained(folder)
+
+
+def build_backbone(
+    folder: Path, tokenizer_dir: Path, hidden_size: int = 32, layers: int = 2, seed: int = 0, **overrides
+) -> Path:
+    """A tiny random Qwen3Model saved with the tokenizer, like a backbone repo on the Hub."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    config = Qwen3Config(
+        vocab_size=320,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        **overrides,
+    )
+    torch.manual_seed(seed)
+    Qwen3Model(config).eval().save_pretrained(folder)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy(item, folder / item.name)
+    return folder
+
+
+def write_release(
+    folder: Path,
+    embedding_dim: int,
+    head_hidden_dim: int = 0,
+    seed: int = 0,
+    backbone: str = "Qwen/Qwen3-1.7B",
+    agents: list[str] | None = None,
+    scale: float = 1.0,
+) -> tuple[Path, Path]:
+    """manifest.json + head_weights.npy in the trainer's format, with a random head."""
+    agents = agents or AGENTS
+    n = len(agents)
+    size = (
+        embedding_dim * n + n
+        if head_hidden_dim == 0
+        else (embedding_dim * head_hidden_dim + head_hidden_dim + head_hidden_dim * n + n)
+    )
+    theta = np.random.default_rng(seed).normal(scale=scale, size=size)
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "model_id": f"head-test-{seed}",
+        "backbone_model": backbone,
+        "rewards_dataset": "benchgen/router-pilot",
+        "agent_order": agents,
+        "embedding_dim": embedding_dim,
+        "head_hidden_dim": head_hidden_dim,
+        "n_head_params": size,
+        "n_total": 46,
+        "n_train": 35,
+        "n_test": 11,
+        "train_reward": 0.7,
+        "test_reward": 0.7,
+        "baselines": {"random_agent": 0.5538, "best_fixed_agent": 0.6667, "oracle": 0.7692},
+        "beats_best_fixed_agent": True,
+        "cma_generations_run": 60,
+        "history": [{"generation": 0, "best_reward": 0.6}],
+        "duration_seconds": 1.0,
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    np.save(folder / "head_weights.npy", theta)
+    return folder / "manifest.json", folder / "head_weights.npy"
+
+
+def convert_release(manifest: Path, weights: Path, out: Path, backbone: Path | str) -> Path:
+    """Convert a release with the converter's command line, in-process: the folder records the
+    manifest's backbone_model, read from `backbone`."""
+    from benchgen_router.cli.main import main
+
+    args = ["convert", "--manifest", manifest, "--weights", weights, "--output-dir", out, "--backbone", backbone]
+    assert main([str(a) for a in args]) == 0
+    return out
+
+
+def run_tool(
+    command: str, *args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """Run the command line as a user would: `benchgen-router <command> ...` (as python -m
+    benchgen_router), or one of the root scripts when `command` ends in .py. On a timeout the
+    whole process group is killed, so no worker process outlives the test."""
+    base = (
+        [sys.executable, str(PROJECT_ROOT / command)]
+        if command.endswith(".py")
+        else [sys.executable, "-m", "benchgen_router", command]
+    )
+    process = subprocess.Popen(
+        [*base, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **(env or {})},
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def cli(*args: object) -> int:
+    """The `benchgen-router` command line, in-process: its exit code (errors are printed, not raised)."""
+    from benchgen_router.cli.main import main
+
+    return main([str(a) for a in args])

@@ -1,0 +1,215 @@
+"""routing.py: the one inference path (packed and padded batches by token budget, input order kept,
+the reference's results), pick_agent's return shape, its input rules and its shared router cache."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import modeling_router
+from benchgen_router import routing
+from benchgen_router.errors import UsageError
+from benchgen_router.head import head_logits, theta_to_state_dict
+from benchgen_router.loading import backbone_router, load_router
+from benchgen_router.routing import EmptyQueryError, get_router, pick_agent, plan_batches, run_router
+from helpers import AGENTS, make_queries
+from reference_impl import ReferenceRouter
+
+RESULT_KEYS = {"picked_agent", "agent_index", "probabilities", "logits"}
+
+
+def check_result(result: dict, expected_logits: np.ndarray) -> None:
+    """One pick_agent result: the documented keys, scores keyed by agent in pool order, softmax
+    probabilities, and the argmax of the expected logits as the pick."""
+    assert set(result) == RESULT_KEYS
+    assert list(result["logits"]) == AGENTS and list(result["probabilities"]) == AGENTS
+    logits = np.array(list(result["logits"].values()))
+    assert np.abs(logits - expected_logits).max() <= 1e-4
+    probabilities = np.array(list(result["probabilities"].values()))
+    softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert np.allclose(probabilities, softmax) and abs(probabilities.sum() - 1) < 1e-9
+    assert result["agent_index"] == int(np.argmax(expected_logits))
+    assert result["picked_agent"] == AGENTS[result["agent_index"]]
+
+
+QUERIES = make_queries(40, seed=11)
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+@pytest.mark.parametrize(
+    "batching",
+    [{}, {"max_batch_tokens": 300}, {"batch_size": 7}, {"max_batch_tokens": 1}, {"max_batch_tokens": 10**6}],
+)
+def test_run_router_matches_reference_in_input_order(converted, backbone_dir, hidden, batching):
+    """Packed batches of any budget (one query per batch up to one batch for all), a query cap, and
+    the default: each query's per-query reference result, in input order."""
+    folder, theta = converted[hidden]
+    ref = ReferenceRouter(str(backbone_dir), theta, AGENTS, hidden)
+    model, tokenizer = load_router(folder)
+    assert model.packs_queries
+    logits, embeddings = run_router(model, tokenizer, QUERIES, **batching)
+    ref_emb = np.concatenate([ref.embed([q]) for q in QUERIES])
+    assert np.abs(embeddings - ref_emb).max() <= 1e-4
+    assert np.abs(logits - ref.logits(ref_emb)).max() <= 1e-4
+    assert len(set(logits.argmax(1))) > 1
+    # the numpy head used by the trainer agrees with the torch head on the same embeddings
+    assert np.abs(head_logits(theta, ref_emb, len(AGENTS), hidden)[0] - ref.logits(ref_emb)).max() <= 1e-9
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_backbone_router_with_theta_is_the_converted_router(converted, backbone_dir, hidden):
+    folder, theta = converted[hidden]
+    model, tokenizer = backbone_router(str(backbone_dir), AGENTS, head_hidden_dim=hidden)
+    model.head.load_state_dict(
+        {k.removeprefix("head."): v for k, v in theta_to_state_dict(theta, 32, 5, hidden).items()}
+    )
+    converted_model, _ = load_router(folder)
+    a, _ = run_router(model, tokenizer, QUERIES)
+    b, _ = run_router(converted_model, tokenizer, QUERIES)
+    assert np.array_equal(a, b)
+
+
+def test_plan_batches_packs_short_queries_into_long_rows():
+    lengths = [300, 10, 120, 130, 5, 250, 90]
+    # Batch 1 is 300 wide (its longest query) with 600 // 300 = 2 rows, filled first-fit, longest
+    # first ([0] and [5, 1, 4]); batch 2 is PACK_WIDTH (256) wide with 2 rows for the rest.
+    assert plan_batches(lengths, packed=True, packing=modeling_router, max_batch_tokens=600) == [
+        [0, 5, 1, 4],
+        [3, 2, 6],
+    ]
+    assert plan_batches(lengths, packed=True, packing=modeling_router, batch_size=2, max_batch_tokens=600) == [
+        [0, 5],
+        [3, 2],
+        [6, 1],
+        [4],
+    ]
+    # one row per batch: each long query's row topped up with the longest short query that fits
+    assert plan_batches(lengths, packed=True, packing=modeling_router, max_batch_tokens=1) == [
+        [0],
+        [5, 4],
+        [3, 2],
+        [6, 1],
+    ]
+    # padded: length-sorted, 16 per batch unless told otherwise, and never over the token budget
+    assert plan_batches(lengths, packed=False, max_batch_tokens=10**6) == [[0, 5, 3, 2, 6, 1, 4]]
+    assert plan_batches(lengths, packed=False, batch_size=3, max_batch_tokens=10**6) == [[0, 5, 3], [2, 6, 1], [4]]
+    assert plan_batches(lengths, packed=False, max_batch_tokens=600) == [[0, 5], [3, 2, 6, 1], [4]]
+    assert plan_batches(lengths, packed=False, max_batch_tokens=1) == [[i] for i in [0, 5, 3, 2, 6, 1, 4]]
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_pick_agent_one_query_and_a_list_match_the_reference(converted, backbone_dir, hidden):
+    folder, theta = converted[hidden]
+    reference = ReferenceRouter(str(backbone_dir), theta, AGENTS, hidden)
+    expected = np.concatenate([reference.logits(reference.embed([q])) for q in QUERIES])
+
+    single = pick_agent(QUERIES[0], model=str(folder))
+    assert isinstance(single, dict)
+    check_result(single, expected[0])
+
+    batch = pick_agent(QUERIES, model=folder, batch_size=5)  # varied lengths: sorted batches, order restored
+    assert isinstance(batch, list) and len(batch) == len(QUERIES)
+    for result, row in zip(batch, expected, strict=True):
+        check_result(result, row)
+    for result, row in zip(pick_agent(QUERIES, model=folder, max_batch_tokens=300), expected, strict=True):
+        check_result(result, row)
+    assert len({r["picked_agent"] for r in batch}) > 1  # the random head does discriminate these queries
+
+
+def test_pick_agent_reuses_one_load_and_takes_loaded_routers(converted, monkeypatch):
+    folder, _ = converted[0]
+    first = get_router(str(folder), device="cpu")
+    monkeypatch.chdir(folder.parent)
+    assert get_router(folder.name, device="cpu") is first  # a relative path to the same folder: no reload
+    half = get_router(str(folder), device="cpu", dtype="bfloat16")  # another dtype is another load
+    assert half is not first and next(half[0].backbone.parameters()).dtype == torch.bfloat16
+
+    expected = pick_agent(QUERIES[:4], model=str(folder), device="cpu")
+    pair = load_router(folder)
+    assert pick_agent(QUERIES[:4], model=pair) == expected
+    assert pick_agent(QUERIES[:4], model=SimpleNamespace(model=pair[0], tokenizer=pair[1])) == expected
+    with pytest.raises(TypeError, match="model= takes"):
+        pick_agent("hello", model=3.5)
+
+
+def test_pick_agent_refuses_empty_queries_and_accepts_an_empty_list(converted):
+    folder, _ = converted[0]
+    with pytest.raises(ValueError, match="empty"):
+        pick_agent("   ", model=folder)
+    with pytest.raises(ValueError, match=r"queries at position\(s\) \[1\] are empty"):
+        pick_agent(["What is 2+2?", ""], model=folder)
+    assert pick_agent([], model=folder) == []
+
+
+@pytest.mark.parametrize("value", [0, -1, -5, 2.5, True, "8"])
+def test_every_batching_argument_is_validated_at_the_api(converted, value):
+    """A negative batch size used to return 0.2 for every agent without running the model, and a
+    zero budget made planning loop forever: both are refused with one line, for every entry point."""
+    folder, _ = converted[0]
+    model, tokenizer = load_router(folder)
+    for kwargs in ({"batch_size": value}, {"max_batch_tokens": value}):
+        with pytest.raises(UsageError, match="must be a positive integer"):
+            pick_agent(QUERIES[:2], model=(model, tokenizer), **kwargs)
+        with pytest.raises(UsageError, match="must be a positive integer"):
+            run_router(model, tokenizer, QUERIES[:2], **kwargs)
+        with pytest.raises(UsageError, match="must be a positive integer"):
+            plan_batches([5, 3], packed=True, packing=modeling_router, **kwargs)
+
+
+@pytest.mark.parametrize("bad", ["\u200b", "\ufeff", "\u2060\u200b", "\x01\x02", "\u0301", " \u00ad "])
+def test_queries_that_tokenize_to_nothing_are_refused_before_the_model_runs(bad):
+    """Zero-width spaces, a lone BOM, control characters, a lone combining mark: BERT's tokenizer
+    (the committed router's) keeps nothing of them but [CLS] [SEP]."""
+    model, tokenizer = load_router(None)
+    with pytest.raises(EmptyQueryError) as raised:
+        run_router(model, tokenizer, [QUERIES[0], bad, QUERIES[1], bad])
+    assert raised.value.positions == [1, 3] and "position(s) [1, 3]" in str(raised.value)
+    with pytest.raises(ValueError, match=r"position\(s\) \[0\]"):
+        pick_agent(bad, model=(model, tokenizer))
+    assert len(pick_agent([QUERIES[0], QUERIES[1]], model=(model, tokenizer))) == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (b"What is 2+2?", "got bytes; decode"),
+        ({"q": "What?"}, "got dict"),
+        (42, "got int"),
+        (["ok", 3], "query 1 is int"),
+    ],
+)
+def test_pick_agent_takes_a_str_or_a_sequence_of_str_only(converted, value, message):
+    folder, _ = converted[0]
+    with pytest.raises(TypeError, match=message):
+        pick_agent(value, model=folder)
+
+
+def test_first_calls_from_many_threads_load_the_router_once(converted, monkeypatch):
+    folder, _ = converted[0]
+    loads = []
+    import benchgen_router.loading as loading
+
+    original = loading.load_router
+
+    def counting_load(*args, **kwargs):
+        loads.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_router", counting_load)
+    monkeypatch.setattr(routing, "ROUTERS", routing._RouterCache(2))
+    results, barrier = [], threading.Barrier(8)
+
+    def first_call() -> None:
+        barrier.wait()
+        results.append(pick_agent(QUERIES[0], model=str(folder), device="cpu")["picked_agent"])
+
+    threads = [threading.Thread(target=first_call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(loads) == 1 and len(results) == 8 and len(set(results)) == 1
