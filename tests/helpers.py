@@ -20,6 +20,7 @@ SHARED = PROJECT_ROOT.parent / "shared"
 PILOT = SHARED / "benchgen-pilot"
 AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
 NO_PILOT = f"pilot data not found at {PILOT} (CI has it)"
+RESULT_KEYS = {"picked_agent", "agent_index", "probabilities", "logits"}
 
 SUBJECTS = [
     "derivative",
@@ -188,4 +189,21 @@ def cli(*args: object) -> int:
     """The `benchgen-router` command line, in-process: its exit code (errors are printed, not raised)."""
     from benchgen_router.cli.main import main
 
-    return main([str(a) for a in args])
+    try:
+        return main([str(a) for a in args])
+    except SystemExit as exit_:  # argparse's own usage errors
+        return exit_.code
+
+
+def check_result(result: dict, expected_logits: np.ndarray) -> None:
+    """One pick_agent result: the documented keys, scores keyed by agent in pool order, softmax
+    probabilities, and the argmax of the expected logits as the pick."""
+    assert set(result) == RESULT_KEYS
+    assert list(result["logits"]) == AGENTS and list(result["probabilities"]) == AGENTS
+    logits = np.array(list(result["logits"].values()))
+    assert np.abs(logits - expected_logits).max() <= 1e-4
+    probabilities = np.array(list(result["probabilities"].values()))
+    softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert np.allclose(probabilities, softmax) and abs(probabilities.sum() - 1) < 1e-9
+    assert result["agent_index"] == int(np.argmax(expected_logits))
+    assert result["picked_agent"] == AGENTS[result["agent_index"]]

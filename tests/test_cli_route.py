@@ -1,4 +1,4 @@
-"""route.py as users run it: pick_agent's return shape and parity with the reference, the CLI on
+"""`benchgen-router route` as users run it: the CLI on
 single queries and on files in every input format, bad lines, exit codes, and interruption."""
 
 from __future__ import annotations
@@ -13,33 +13,15 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
-from helpers import AGENTS, PROJECT_ROOT, make_queries, run_tool
-from reference_impl import ReferenceRouter
-from route import get_router, main, pick_agent
-from router_utils import DEFAULT_ROUTER_DIR, load_router, run_cli
+from benchgen_router.model_code import default_router_dir
+from benchgen_router.routing import pick_agent
+from helpers import AGENTS, RESULT_KEYS, check_result, cli, make_queries, run_tool
 
 QUERIES = make_queries(24, seed=21)
-RESULT_KEYS = {"picked_agent", "agent_index", "probabilities", "logits"}
-
-
-def check_result(result: dict, expected_logits: np.ndarray) -> None:
-    """One pick_agent result: the documented keys, scores keyed by agent in pool order, softmax
-    probabilities, and the argmax of the expected logits as the pick."""
-    assert set(result) == RESULT_KEYS
-    assert list(result["logits"]) == AGENTS and list(result["probabilities"]) == AGENTS
-    logits = np.array(list(result["logits"].values()))
-    assert np.abs(logits - expected_logits).max() <= 1e-4
-    probabilities = np.array(list(result["probabilities"].values()))
-    softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-    assert np.allclose(probabilities, softmax) and abs(probabilities.sum() - 1) < 1e-9
-    assert result["agent_index"] == int(np.argmax(expected_logits))
-    assert result["picked_agent"] == AGENTS[result["agent_index"]]
 
 
 def read_output(path: Path) -> list[dict]:
@@ -50,56 +32,8 @@ def route_file(tmp_path: Path, folder: Path, name: str, content: bytes, *extra: 
     """Run the CLI in-process on a file written from content; (exit code, output records)."""
     source, out = tmp_path / name, tmp_path / f"{name}.out.jsonl"
     source.write_bytes(content)
-    code = main(["--model", str(folder), "--input", str(source), "--output", str(out), "--batch-size", "3", *extra])
+    code = cli("route", "--model", folder, "--input", source, "--output", out, "--batch-size", "3", *extra)
     return code, read_output(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# Python API
-
-
-@pytest.mark.parametrize("hidden", [0, 8])
-def test_pick_agent_one_query_and_a_list_match_the_reference(converted, backbone_dir, hidden):
-    folder, theta = converted[hidden]
-    reference = ReferenceRouter(str(backbone_dir), theta, AGENTS, hidden)
-    expected = np.concatenate([reference.logits(reference.embed([q])) for q in QUERIES])
-
-    single = pick_agent(QUERIES[0], model=str(folder))
-    assert isinstance(single, dict)
-    check_result(single, expected[0])
-
-    batch = pick_agent(QUERIES, model=folder, batch_size=5)  # varied lengths: sorted batches, order restored
-    assert isinstance(batch, list) and len(batch) == len(QUERIES)
-    for result, row in zip(batch, expected, strict=True):
-        check_result(result, row)
-    for result, row in zip(pick_agent(QUERIES, model=folder, max_batch_tokens=300), expected, strict=True):
-        check_result(result, row)
-    assert len({r["picked_agent"] for r in batch}) > 1  # the random head does discriminate these queries
-
-
-def test_pick_agent_reuses_one_load_and_takes_loaded_routers(converted, monkeypatch):
-    folder, _ = converted[0]
-    first = get_router(str(folder), device="cpu")
-    monkeypatch.chdir(folder.parent)
-    assert get_router(folder.name, device="cpu") is first  # a relative path to the same folder: no reload
-    half = get_router(str(folder), device="cpu", dtype="bfloat16")  # another dtype is another load
-    assert half is not first and next(half[0].backbone.parameters()).dtype == torch.bfloat16
-
-    expected = pick_agent(QUERIES[:4], model=str(folder), device="cpu")
-    pair = load_router(folder)
-    assert pick_agent(QUERIES[:4], model=pair) == expected
-    assert pick_agent(QUERIES[:4], model=SimpleNamespace(model=pair[0], tokenizer=pair[1])) == expected
-    with pytest.raises(TypeError, match="model= takes"):
-        pick_agent("hello", model=3.5)
-
-
-def test_pick_agent_refuses_empty_queries_and_accepts_an_empty_list(converted):
-    folder, _ = converted[0]
-    with pytest.raises(ValueError, match="empty"):
-        pick_agent("   ", model=folder)
-    with pytest.raises(ValueError, match="query 1 is empty"):
-        pick_agent(["What is 2+2?", ""], model=folder)
-    assert pick_agent([], model=folder) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,14 +42,14 @@ def test_pick_agent_refuses_empty_queries_and_accepts_an_empty_list(converted):
 
 def test_single_query_prints_just_the_agent_id(converted):
     folder, _ = converted[0]
-    result = run_tool("route.py", "--model", folder, QUERIES[0])
+    result = run_tool("route", "--model", folder, QUERIES[0])
     assert result.returncode == 0, result.stderr
     assert result.stdout == pick_agent(QUERIES[0], model=folder)["picked_agent"] + "\n"
 
 
 def test_json_prints_one_result_per_query(converted):
     folder, _ = converted[8]
-    result = run_tool("route.py", "--model", folder, "--json", QUERIES[1], QUERIES[2])
+    result = run_tool("route", "--model", folder, "--json", QUERIES[1], QUERIES[2])
     assert result.returncode == 0, result.stderr
     printed = [json.loads(line) for line in result.stdout.splitlines()]
     expected = pick_agent(QUERIES[1:3], model=folder)
@@ -125,7 +59,7 @@ def test_json_prints_one_result_per_query(converted):
 
 
 def test_help_documents_flags_and_exit_codes():
-    result = run_tool("route.py", "--help")
+    result = run_tool("route", "--help")
     assert result.returncode == 0
     for flag in (
         "--model",
@@ -149,7 +83,7 @@ def test_stdin_input_with_a_blank_line_routes_the_rest_and_exits_1(converted):
     folder, _ = converted[0]
     text = f"{QUERIES[0]}\n\n{QUERIES[1]}\n"
     result = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "route.py"), "--model", str(folder), "--input", "-", "--json"],
+        [sys.executable, "-m", "benchgen_router", "route", "--model", str(folder), "--input", "-", "--json"],
         input=text,
         capture_output=True,
         text=True,
@@ -160,11 +94,10 @@ def test_stdin_input_with_a_blank_line_routes_the_rest_and_exits_1(converted):
     assert [json.loads(line)["line"] for line in result.stdout.splitlines()] == [1, 3]
 
 
-@pytest.mark.skipif(not (DEFAULT_ROUTER_DIR / "config.json").exists(), reason="default_router/ not built yet")
 def test_default_router_needs_no_model_flag():
-    result = run_tool("route.py", "What is the derivative of x^3 + 2x?")
+    result = run_tool("route", "What is the derivative of x^3 + 2x?")
     assert result.returncode == 0, result.stderr
-    labels = json.loads((DEFAULT_ROUTER_DIR / "config.json").read_text())["id2label"].values()
+    labels = json.loads((default_router_dir() / "config.json").read_text())["id2label"].values()
     assert result.stdout.strip() in labels
 
 
@@ -317,10 +250,16 @@ def test_bad_lines_are_reported_by_number_and_skipped(converted, tmp_path, fmt, 
     assert [r["picked_agent"] for r in records] == [e["picked_agent"] for e in expected]
 
 
-def test_all_lines_bad_writes_an_empty_file_and_exits_1(converted, tmp_path):
+def test_all_lines_bad_leaves_the_previous_output_alone_and_exits_1(converted, tmp_path):
     folder, _ = converted[0]
-    code, records = route_file(tmp_path, folder, "blank.txt", b"\n  \n")
-    assert code == 1 and records == []
+    source, out = tmp_path / "blank.txt", tmp_path / "picks.jsonl"
+    source.write_bytes(b"\n  \n\t\n")
+    out.write_text("previous run\n")
+    assert cli("route", "--model", folder, "--input", source, "--output", out) == 1
+    assert out.read_text() == "previous run\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blank.txt", "picks.jsonl"]
+    out.unlink()  # and with no previous output, none is created
+    assert cli("route", "--model", folder, "--input", source, "--output", out) == 1 and not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -345,12 +284,7 @@ def test_unusable_input_is_exit_2_with_one_line_and_writes_nothing(
     source, out = tmp_path / name, tmp_path / "out.jsonl"
     if content is not None:
         source.write_bytes(content)
-    argv = ["--model", str(folder), "--input", str(source), "--output", str(out), *extra]
-    try:
-        code = run_cli(main, argv)
-    except SystemExit as exit_:  # argparse's own usage errors
-        code = exit_.code
-    assert code == 2
+    assert cli("route", "--model", folder, "--input", source, "--output", out, *extra) == 2
     err = capsys.readouterr().err
     assert message in err
     assert not out.exists()
@@ -358,16 +292,14 @@ def test_unusable_input_is_exit_2_with_one_line_and_writes_nothing(
 
 def test_empty_command_line_query_is_a_usage_error(converted, capsys):
     folder, _ = converted[0]
-    assert run_cli(main, ["--model", str(folder), "What is 2+2?", " "]) == 2
+    assert cli("route", "--model", folder, "What is 2+2?", " ") == 2
     assert "error: query 2 is empty" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_:
-        main(["--model", str(folder)])
-    assert exit_.value.code == 2
+    assert cli("route", "--model", folder) == 2
 
 
 def test_unloadable_model_is_exit_2(tmp_path, capsys):
     (tmp_path / "q.txt").write_text("hello\n")
-    assert run_cli(main, ["--model", str(tmp_path / "nowhere"), "--input", str(tmp_path / "q.txt")]) == 2
+    assert cli("route", "--model", tmp_path / "nowhere", "--input", tmp_path / "q.txt") == 2
     assert "cannot load router" in capsys.readouterr().err
 
 
@@ -383,7 +315,9 @@ def test_sigint_mid_run_leaves_the_previous_output_untouched(converted, tmp_path
     process = subprocess.Popen(
         [
             sys.executable,
-            str(PROJECT_ROOT / "route.py"),
+            "-m",
+            "benchgen_router",
+            "route",
             "--model",
             str(folder),
             "--input",
@@ -417,12 +351,12 @@ def test_sigint_mid_run_leaves_the_previous_output_untouched(converted, tmp_path
 
 def test_interrupt_while_writing_leaves_no_partial_file(converted, tmp_path, monkeypatch, capsys):
     """Ctrl-C after some records are written: the half-written temporary file never replaces the output."""
-    import route
+    from benchgen_router import files
 
     folder, _ = converted[0]
     source, out = tmp_path / "q.txt", tmp_path / "picks.jsonl"
     source.write_text("\n".join(QUERIES) + "\n")
-    real_dumps, written = json.dumps, []
+    real_dumps, written = files.to_json, []
 
     def dumps_then_interrupt(record: dict) -> str:
         if len(written) == 5:
@@ -430,8 +364,8 @@ def test_interrupt_while_writing_leaves_no_partial_file(converted, tmp_path, mon
         written.append(record)
         return real_dumps(record)
 
-    monkeypatch.setattr(route, "json", SimpleNamespace(dumps=dumps_then_interrupt))  # route's own json only
-    assert run_cli(main, ["--model", str(folder), "--input", str(source), "--output", str(out)]) == 130
+    monkeypatch.setattr(files, "to_json", dumps_then_interrupt)
+    assert cli("route", "--model", folder, "--input", source, "--output", out) == 130
     assert len(written) == 5 and "interrupted" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.txt"]
 
@@ -448,8 +382,7 @@ def test_bad_output_or_device_fails_before_any_routing(converted, tmp_path, flag
     folder, _ = converted[0]
     queries = tmp_path / "q.txt"
     queries.write_text("one query\n")
-    argv = ["--model", str(folder), "--input", str(queries), *[f.format(tmp=tmp_path) for f in flags]]
-    assert run_cli(main, argv) == 2
+    assert cli("route", "--model", folder, "--input", queries, *[f.format(tmp=tmp_path) for f in flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
     assert not (tmp_path / "no").exists()  # no folder was created for the typo

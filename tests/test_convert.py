@@ -1,5 +1,6 @@
-"""convert_npy.py as users run it: the output folder, both checkpoint modes, every bad artifact,
-and the Hub upload at the huggingface_hub boundary."""
+"""convert.py through `convert_npy.py` as users run it: the output folder, both checkpoint modes,
+every bad artifact, what the folder records, never clobbering a user's folder, and the Hub upload
+at the huggingface_hub boundary."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoConfig, pipeline
 
-from helpers import AGENTS, build_backbone, make_queries, run_tool, write_release
+from helpers import AGENTS, build_backbone, convert_release, make_queries, run_tool, write_release
 from reference_impl import ReferenceRouter
 
 
@@ -34,7 +35,7 @@ def test_output_folder_is_a_complete_hub_repo(converted):
     } <= names
     card = (folder / "README.md").read_text()
     header = card.split("---")[1]
-    for line in ("library_name: transformers", "pipeline_tag: text-classification", "base_model:", "license:", "tags:"):
+    for line in ("library_name: transformers", "pipeline_tag: text-classification", "license:", "tags:"):
         assert line in header
     for agent in AGENTS:
         assert f"`{agent}`" in card
@@ -50,7 +51,11 @@ def test_cli_round_trip_records_backbone_and_revision(tmp_path, backbone_dir):
     )
     assert result.returncode == 0, result.stderr
     config = json.loads((out / "config.json").read_text())
-    assert config["backbone_name_or_path"] == str(backbone_dir)
+    # read from the local copy, recorded as the manifest's Hub id (a pushed folder names no local path)
+    assert config["backbone_name_or_path"] == "Qwen/Qwen3-1.7B"
+    assert config["text_config"]["_name_or_path"] == "Qwen/Qwen3-1.7B"
+    assert 'base_model: "Qwen/Qwen3-1.7B"' in (out / "README.md").read_text()
+    assert str(backbone_dir) not in (out / "config.json").read_text() + (out / "README.md").read_text()
     assert config["backbone_revision"] == "v1.0"
     assert config["text_config"]["model_type"] == "qwen3" and config["text_config"]["hidden_size"] == 32
     assert config["training"]["test_reward"] == 0.7 and config["truncation_length"] == 1024
@@ -185,31 +190,33 @@ def test_unreachable_backbone_is_one_line(tmp_path):
 
 def test_push_to_hub_uploads_the_folder(tmp_path, backbone_dir, monkeypatch):
     """No network here: record what reaches huggingface_hub's HfApi, the boundary of our code."""
+    from fnmatch import fnmatch
+
     import huggingface_hub
 
-    import convert_npy
+    from benchgen_router.cli.main import main
 
     calls = []
     monkeypatch.setattr(
         huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(("create", repo_id, kw))
     )
 
-    def upload_folder(self, *, folder_path, repo_id, **kw):
-        calls.append(("upload", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+    def upload_folder(self, *, folder_path, repo_id, allow_patterns, **kw):
+        uploaded = [p.name for p in Path(folder_path).iterdir() if any(fnmatch(p.name, a) for a in allow_patterns)]
+        calls.append(("upload", repo_id, sorted(uploaded)))
         return "https://huggingface.co/commit/abc"
 
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     out = tmp_path / "out"
-    assert (
-        convert_npy.main(
-            [str(a) for a in convert_args(manifest, weights, out, backbone_dir, "--push-to-hub", "me/my-router")]
-        )
-        == 0
-    )
+    convert_release(manifest, weights, out, backbone_dir)
+    (out / "train_run.log").write_text("tooling output that must not be pushed")
+    argv = convert_args(manifest, weights, out, backbone_dir, "--push-to-hub", "me/my-router")
+    assert main(["convert", *map(str, argv)]) == 0
     assert calls[0][0] == "create" and calls[0][1] == "me/my-router" and calls[0][2]["exist_ok"]
     assert calls[1][0] == "upload" and calls[1][1] == "me/my-router"
     assert {"config.json", "model.safetensors", "modeling_router.py", "README.md"} <= set(calls[1][2])
+    assert "train_run.log" not in calls[1][2]
     assert AutoConfig.from_pretrained(out, trust_remote_code=True).model_type == "benchgen_router"
 
 
@@ -218,8 +225,9 @@ def test_push_to_hub_uploads_the_folder(tmp_path, backbone_dir, monkeypatch):
     [
         ({"truncation_length": "abc"}, "truncation_length must be a positive integer"),
         ({"truncation_length": 0}, "truncation_length must be a positive integer"),
-        ({"baselines": "x"}, "baselines must be a JSON object"),
-        ({"cross_validation": {"folds": 5}}, "cross_validation lacks"),
+        ({"agent_order": ["a", "b\nc", "d", "e", "f"]}, "newline or control character"),
+        ({"agent_order": ["a", "b\x07", "d", "e", "f"]}, "newline or control character"),
+        ({"backbone_model": 42}, "backbone_model must be"),
     ],
 )
 def test_bad_provenance_in_manifest_is_one_line(tmp_path, backbone_dir, change, message):
@@ -237,17 +245,19 @@ def test_output_dir_that_is_a_file_and_offline_push_are_one_line(tmp_path, backb
     assert result.returncode == 2 and "is a file" in result.stderr and "Traceback" not in result.stderr
     out = tmp_path / "out"
     result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--push-to-hub", "me/r"))
-    assert result.returncode == 2 and "could not push it to 'me/r'" in result.stderr, result.stderr
+    assert result.returncode == 2 and "is complete, but pushing it to 'me/r' failed" in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "push it later" in errors[0]
     assert "Traceback" not in result.stderr and (out / "model.safetensors").exists()  # the folder itself is kept
 
 
 def test_reconversion_replaces_stale_weights_and_tokenizer_files(tmp_path, backbone_dir):
     out = tmp_path / "out"
-    out.mkdir()
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    convert_release(manifest, weights, out, backbone_dir)  # a router folder, from an earlier conversion
     for stale in ("model-00001-of-00002.safetensors", "model.safetensors.index.json", "vocab.txt"):
         (out / stale).write_text("old")
     (out / "notes.md").write_text("mine")
-    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     assert run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir)).returncode == 0
     names = {p.name for p in out.iterdir()}
     assert (
@@ -255,3 +265,81 @@ def test_reconversion_replaces_stale_weights_and_tokenizer_files(tmp_path, backb
         and not {"model-00001-of-00002.safetensors", "model.safetensors.index.json", "vocab.txt"} & names
     )
     assert (out / "model.safetensors").stat().st_mode & 0o044  # readable by others, like any written file
+
+
+def user_folder(folder: Path) -> dict[str, str]:
+    """A folder of someone else's files, some with the names a router folder uses."""
+    folder.mkdir()
+    files = {
+        "README.md": "my notes",
+        "config.json": '{"model_type": "bert"}',
+        "vocab.txt": "[PAD]",
+        "merges.txt": "a b",
+        "model-final.safetensors": "weights",
+    }
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return files
+
+
+def test_a_folder_of_other_files_is_refused_and_kept(tmp_path, backbone_dir):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    out = tmp_path / "theirs"
+    files = user_folder(out)
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    assert result.returncode == 2 and "already holds files and no router" in result.stderr
+    assert "--overwrite" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_text() for p in out.iterdir()} == files
+
+
+def test_overwrite_writes_the_router_and_deletes_nothing_it_did_not_write(tmp_path, backbone_dir):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    out = tmp_path / "theirs"
+    files = user_folder(out)
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--overwrite"))
+    assert result.returncode == 0, result.stderr
+    names = {p.name for p in out.iterdir()}
+    assert set(files) <= names  # vocab.txt, merges.txt and model-final.safetensors survive
+    assert (out / "vocab.txt").read_text() == "[PAD]" and (out / "model-final.safetensors").read_text() == "weights"
+    assert json.loads((out / "config.json").read_text())["model_type"] == "benchgen_router"
+
+
+@pytest.mark.parametrize("value", [1e300, -1e39, 3.5e38])
+def test_weights_that_overflow_float32_are_refused(tmp_path, backbone_dir, value):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0)
+    theta = np.load(weights)
+    theta[3] = value
+    np.save(weights, theta)
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", backbone_dir))
+    assert result.returncode == 2 and "overflow float32" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "provenance",
+    [
+        {"cross_validation": {"folds": "five", "router_mean": "0.9", "router_std": None}},
+        {"baselines": "x", "test_reward": "high", "n_train": [1, 2], "model_id": "a|b\n---\nc"},
+        {"cross_validation": 3, "train_reward": float("inf"), "beats_best_fixed_agent": "yes"},
+    ],
+)
+def test_provenance_of_any_type_is_rendered_and_the_card_stays_valid(tmp_path, backbone_dir, provenance):
+    """Readers rely only on agent_order, embedding_dim, head_hidden_dim and backbone_model: odd
+    provenance is shown as text, never a crash, and the card's front matter stays valid YAML."""
+    manifest, weights = write_release(tmp_path / "release", 32, seed=0, backbone=str(backbone_dir))
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, **provenance}).replace("Infinity", "1e999"))
+    out = tmp_path / "out"
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    assert result.returncode == 0, result.stderr
+    card = (out / "README.md").read_text()
+    front, body = card.split("---\n", 2)[1:]
+    keys = [line.split(":")[0] for line in front.splitlines() if line and not line.startswith("- ")]
+    assert keys == ["library_name", "pipeline_tag", "license", "tags"]  # a local path is no base_model
+    assert "| rows (train / held out) |" in body and "\n---\n" not in body.split("# ", 1)[1]
+
+
+def test_saved_tokenizer_carries_no_loading_flags(converted):
+    folder, _ = converted[0]
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    assert not {"local_files_only", "is_local", "cache_dir", "token", "revision"} & set(settings)

@@ -16,25 +16,8 @@ from benchgen_router.errors import UsageError
 from benchgen_router.head import head_logits, theta_to_state_dict
 from benchgen_router.loading import backbone_router, load_router
 from benchgen_router.routing import EmptyQueryError, get_router, pick_agent, plan_batches, run_router
-from helpers import AGENTS, make_queries
+from helpers import AGENTS, check_result, make_queries
 from reference_impl import ReferenceRouter
-
-RESULT_KEYS = {"picked_agent", "agent_index", "probabilities", "logits"}
-
-
-def check_result(result: dict, expected_logits: np.ndarray) -> None:
-    """One pick_agent result: the documented keys, scores keyed by agent in pool order, softmax
-    probabilities, and the argmax of the expected logits as the pick."""
-    assert set(result) == RESULT_KEYS
-    assert list(result["logits"]) == AGENTS and list(result["probabilities"]) == AGENTS
-    logits = np.array(list(result["logits"].values()))
-    assert np.abs(logits - expected_logits).max() <= 1e-4
-    probabilities = np.array(list(result["probabilities"].values()))
-    softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-    assert np.allclose(probabilities, softmax) and abs(probabilities.sum() - 1) < 1e-9
-    assert result["agent_index"] == int(np.argmax(expected_logits))
-    assert result["picked_agent"] == AGENTS[result["agent_index"]]
-
 
 QUERIES = make_queries(40, seed=11)
 

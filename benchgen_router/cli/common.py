@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 70, 130, 141
 EXIT_CODES_HELP = (
-    "exit codes: 0 done; 1 some lines skipped, the rest done; 2 bad usage or input (nothing written); "
+    "Exit codes: 0 done; 1 some lines skipped, the rest done; 2 bad usage or input (nothing written); "
     "70 unexpected error; 130 interrupted; 141 stdout closed early"
 )
 
