@@ -84,8 +84,7 @@ class RouterConfig(PretrainedConfig):
                 f"special_tokens_per_query ({special_tokens_per_query}): the suffix is part of the special tokens."
             )
         self.text_config = text_config
-        # A string, also when given a pathlib.Path: the config is saved (and its repr built) as JSON.
-        self.backbone_name_or_path = None if backbone_name_or_path is None else str(backbone_name_or_path)
+        self.backbone_name_or_path = backbone_name_or_path
         self.backbone_revision = backbone_revision
         self.bundled_backbone = bundled_backbone
         self.head_hidden_dim = head_hidden_dim
@@ -95,6 +94,13 @@ class RouterConfig(PretrainedConfig):
         self.pack_queries = pack_queries
         self.training = training or {}
         super().__init__(**kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Paths are stored as strings: the config is saved, and its repr built, as JSON. from_pretrained
+        # sets config attributes passed as keyword arguments directly, so __init__ alone would miss them.
+        if name == "backbone_name_or_path" and isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        super().__setattr__(name, value)
 
     @property
     def agent_order(self) -> list[str]:

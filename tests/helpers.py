@@ -146,11 +146,12 @@ def write_release(
 
 
 def convert_release(manifest: Path, weights: Path, out: Path, backbone: Path | str) -> Path:
-    """Convert a release with the converter's command line, in-process: the folder records the
-    manifest's backbone_model, read from `backbone`."""
+    """Convert a release with the converter's command line, in-process; the folder records `backbone`
+    (a local tiny model here), so it loads offline with no override."""
     from benchgen_router.cli.main import main
 
     args = ["convert", "--manifest", manifest, "--weights", weights, "--output-dir", out, "--backbone", backbone]
+    args += ["--backbone-id", backbone]
     assert main([str(a) for a in args]) == 0
     return out
 
@@ -207,3 +208,35 @@ def check_result(result: dict, expected_logits: np.ndarray) -> None:
     assert np.allclose(probabilities, softmax) and abs(probabilities.sum() - 1) < 1e-9
     assert result["agent_index"] == int(np.argmax(expected_logits))
     assert result["picked_agent"] == AGENTS[result["agent_index"]]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def synthetic_rows(count: int = 14, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(reward rows, task rows) in the pilot schemas; the last 4 tasks are in the 'test' split."""
+    rng = np.random.default_rng(seed)
+    prompts = make_queries(count, seed=seed)
+    rewards, tasks = [], []
+    for i, prompt in enumerate(prompts):
+        split = "test" if i >= count - 4 else "train"
+        rewards.append(
+            {
+                "task_id": f"t{i}",
+                "agent_order": list(AGENTS),
+                "split": split,
+                "mean_reward": [round(float(v), 4) for v in rng.uniform(size=len(AGENTS))],
+            }
+        )
+        tasks.append({"task_id": f"t{i}", "prompt": prompt, "split": split})
+    return rewards, tasks
+
+
+def pilot_data(rewards_file: str):
+    """The real pilot rewards joined with the task prompts, as the trainer joins them."""
+    from benchgen_router.data import join_rewards, load_rows
+
+    rewards = load_rows(str(PILOT / rewards_file), "rewards")
+    return join_rewards(rewards, load_rows(str(PILOT / "tasks.v1.jsonl"), "tasks"))

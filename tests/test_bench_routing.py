@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 from bench_routing import PROMPT_CHAR_PERCENTILES, generated_workload, stratified_sample
+
 from helpers import run_tool
 
 COLUMNS = [

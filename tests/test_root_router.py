@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from router_utils import DEFAULT_ROUTER_DIR, load_router, read_jsonl, run_router
 
 from helpers import AGENTS, PILOT  # also when run as a script: offline, private HF_HOME
-from router_utils import DEFAULT_ROUTER_DIR, load_router, read_jsonl, run_router
 
 PICKS_FILE = Path(__file__).resolve().parent / "data" / "default_router_picks.json"
 

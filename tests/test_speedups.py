@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-
 import speedups
-from helpers import make_queries
+import torch
 from router_utils import bf16_is_fast, cpu_features, load_router, run_router
+
+from helpers import make_queries
 
 QUERIES = make_queries(48, seed=7)
 

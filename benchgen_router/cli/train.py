@@ -127,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     search = parser.add_argument_group("search (separable CMA-ES)")
     search.add_argument("--sigma0", type=float, default=0.5, help="initial step size (default: 0.5)")
-    search.add_argument("--generations", type=positive_int, default=60, help="generations (default: 60)")
+    search.add_argument("--generations", type=int, default=60, help="generations (default: 60)")
     search.add_argument(
         "--seed", type=int, default=42, help="seed of the search, the folds and any random split (default: 42)"
     )

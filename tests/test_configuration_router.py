@@ -1,0 +1,54 @@
+"""configuration_router.py: what RouterConfig accepts, refuses and stores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import Qwen3Config
+
+from configuration_router import RouterConfig
+from helpers import AGENTS
+
+TEXT = {"model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4}
+
+
+def router_config(**overrides) -> RouterConfig:
+    return RouterConfig(text_config=dict(TEXT), id2label=dict(enumerate(AGENTS)), **overrides)
+
+
+def test_a_nested_dict_becomes_the_backbone_config_and_the_pool_reads_in_logit_order():
+    config = router_config()
+    assert isinstance(config.text_config, Qwen3Config) and config.embedding_dim == 32
+    assert config.agent_order == AGENTS
+    assert (config.head_hidden_dim, config.truncation_length, config.pack_queries) == (0, 1024, True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"head_hidden_dim": -1}, "head_hidden_dim must be >= 0"),
+        ({"truncation_length": 0}, "truncation_length must be a positive"),
+        ({"special_tokens_per_query": 1, "truncation_suffix_tokens": 2}, "truncation_suffix_tokens"),
+        ({"truncation_suffix_tokens": -1}, "truncation_suffix_tokens"),
+    ],
+)
+def test_invalid_settings_are_refused_with_a_reason(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        router_config(**overrides)
+
+
+def test_a_text_config_without_model_type_is_refused():
+    with pytest.raises(ValueError, match="model_type"):
+        RouterConfig(text_config={"hidden_size": 32})
+
+
+def test_a_path_is_stored_as_a_string_and_the_config_round_trips(tmp_path):
+    config = router_config(backbone_name_or_path=Path("/models/qwen"), backbone_revision="v2", bundled_backbone=True)
+    assert config.backbone_name_or_path == "/models/qwen"
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["backbone_name_or_path"] == "/models/qwen" and saved["text_config"]["model_type"] == "qwen3"
+    again = RouterConfig.from_pretrained(tmp_path)
+    assert again.agent_order == AGENTS and again.bundled_backbone and again.backbone_revision == "v2"
