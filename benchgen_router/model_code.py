@@ -14,28 +14,19 @@ _PACKAGED = PACKAGE_DIR / "default_router"
 
 try:  # a clone or an editable install
     from configuration_router import DEFAULT_TRUNCATION_LENGTH, RouterConfig
-    from modeling_router import AUTO_MAP, CODE_FILES, PACK_WIDTH, RouterModel, build_head, pack_rows
+    from modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
 except ImportError:  # a wheel install
     from benchgen_router.default_router.configuration_router import DEFAULT_TRUNCATION_LENGTH, RouterConfig
-    from benchgen_router.default_router.modeling_router import (
-        AUTO_MAP,
-        CODE_FILES,
-        PACK_WIDTH,
-        RouterModel,
-        build_head,
-        pack_rows,
-    )
+    from benchgen_router.default_router.modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
 
 __all__ = [
     "AUTO_MAP",
     "CODE_FILES",
     "DEFAULT_TRUNCATION_LENGTH",
-    "PACK_WIDTH",
     "RouterConfig",
     "RouterModel",
-    "build_head",
     "default_router_dir",
-    "pack_rows",
+    "packaged_backbone",
 ]
 
 

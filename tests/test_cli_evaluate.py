@@ -1,4 +1,4 @@
-"""evaluate_router.py: a converted router checked against reward data prints the trainer's table,
+"""`benchgen-router evaluate`: a converted router checked against reward data prints the trainer's table,
 whatever the column order of the rewards, and refuses rewards for another pool."""
 
 from __future__ import annotations
@@ -8,16 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from evaluate_router import main as evaluate_main
-from router_utils import run_cli
-from train_head import main as train_main
 
-from helpers import AGENTS, make_queries, run_tool
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
+from helpers import AGENTS, cli, make_queries, run_tool, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +34,9 @@ def trained(tmp_path_factory, backbone_dir):
         "tasks": write_jsonl(folder / "tasks.jsonl", tasks),
     }
     assert (
-        run_cli(
-            train_main,
-            [
+        cli(
+            "train",
+            *[
                 "--rewards",
                 str(files["rewards"]),
                 "--tasks",
@@ -71,9 +63,9 @@ def trained(tmp_path_factory, backbone_dir):
 
 def evaluate(folder: Path, rewards: Path, tasks: Path, backbone: Path, *extra: str) -> dict:
     out = folder / f"evaluation-{len(list(folder.glob('evaluation-*')))}.json"
-    code = run_cli(
-        evaluate_main,
-        [
+    code = cli(
+        "evaluate",
+        *[
             "--model",
             str(folder / "router"),
             "--rewards",
@@ -126,10 +118,10 @@ def test_rewards_for_another_pool_or_split_are_refused(trained, backbone_dir, tm
     other_pool = [{**row, "agent_order": [*AGENTS[:4], "someone_else"]} for row in rewards]
     args = ["--model", str(folder / "router"), "--tasks", str(files["tasks"]), "--backbone", str(backbone_dir)]
     capsys.readouterr()
-    assert run_cli(evaluate_main, [*args, "--rewards", str(write_jsonl(tmp_path / "other.jsonl", other_pool))]) == 2
+    assert cli("evaluate", *[*args, "--rewards", str(write_jsonl(tmp_path / "other.jsonl", other_pool))]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: the router's pool ") and "someone_else" in line
-    assert run_cli(evaluate_main, [*args, "--rewards", str(files["rewards"]), "--split", "validation"]) == 2
+    assert cli("evaluate", *[*args, "--rewards", str(files["rewards"]), "--split", "validation"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: no joined row has split 'validation' (splits present: ['test', 'train'])."
     )
@@ -138,7 +130,7 @@ def test_rewards_for_another_pool_or_split_are_refused(trained, backbone_dir, tm
 def test_cli_prints_the_table_and_exits_0(trained, backbone_dir):
     folder, files, manifest, _, _ = trained
     result = run_tool(
-        "evaluate_router.py",
+        "evaluate",
         "--model",
         folder / "router",
         "--rewards",

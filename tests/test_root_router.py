@@ -1,73 +1,75 @@
-"""The committed default router (default_router/): it loads with no network through
-router_utils.load_router(None) and routes every pilot prompt exactly as recorded when it was trained.
+"""The committed router at the repository root (the Hub model folder): it loads offline with no
+override, its card is the root README, and it routes every pilot prompt exactly as recorded when it
+was trained.
 
 Regenerate it only on purpose (a new head, a new backbone package, a change in the embedding code),
-from the project root, then review the figures in the card's demonstration section:
+from the repository root, then review the figures in the card:
 
-    sed -n '/^## About this default router/,$p' default_router/README.md > /tmp/default-router-note.md
-    python train_head.py --rewards ../shared/benchgen-pilot/rewards.jsonl \\
+    sed -n '/^## About this default router/,/^<!-- end of router card -->/p' README.md | sed '$d' > /tmp/card-note.md
+    benchgen-router train --rewards ../shared/benchgen-pilot/rewards.jsonl \\
         --tasks ../shared/benchgen-pilot/tasks.v1.jsonl --rewards-id benchgen/router-pilot \\
-        --backbone "$(python -c 'import router_utils; print(router_utils.default_router_backbone())')" \\
-        --backbone-id sentence-transformers/all-MiniLM-L6-v2 --model-id benchgen-router-lite-demo-minilm \\
-        --output-dir /tmp/default-router-run --export default_router --card-note @/tmp/default-router-note.md
-    python tests/test_default_router.py --record   # rewrites tests/data/default_router_picks.json
+        --backbone sentence-transformers/all-MiniLM-L6-v2 --model-id benchgen-router-lite-demo-minilm \\
+        --output-dir /tmp/default-router-run --export . --card-note @/tmp/card-note.md
+    python tests/test_root_router.py --record   # rewrites tests/data/default_router_picks.json
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
-from router_utils import DEFAULT_ROUTER_DIR, load_router, read_jsonl, run_router
 
-from helpers import AGENTS, PILOT  # also when run as a script: offline, private HF_HOME
+from benchgen_router.files import read_jsonl
+from benchgen_router.folder import CARD_END, HUB_FILES
+from benchgen_router.loading import load_router
+from benchgen_router.model_code import default_router_dir
+from benchgen_router.routing import run_router
+from helpers import AGENTS, NO_PILOT, PILOT, PROJECT_ROOT
 
 PICKS_FILE = Path(__file__).resolve().parent / "data" / "default_router_picks.json"
 
 
 def route_pilot_prompts() -> dict[str, str]:
-    """task_id -> agent id picked by the default router, for every prompt of the pilot task pool."""
+    """task_id -> agent id picked by the committed router, for every prompt of the pilot task pool."""
     tasks = read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")
     model, tokenizer = load_router(None)
     logits, _ = run_router(model, tokenizer, [task["prompt"] for task in tasks], batch_size=32)
     return {task["task_id"]: model.config.id2label[int(i)] for task, i in zip(tasks, logits.argmax(1), strict=True)}
 
 
-def test_default_router_loads_offline_and_is_the_demonstration():
-    assert os.environ.get("HF_HUB_OFFLINE") == "1"
-    model, tokenizer = load_router(None)
+def test_the_root_is_the_router_and_its_readme_is_the_card():
+    root = default_router_dir()
+    assert root == PROJECT_ROOT  # a clone: the repository root itself
+    model, _ = load_router(None)
     assert model.config.agent_order == AGENTS and model.config.embedding_dim == 384
-    # the id it records is the Hub model's; load_router(None) reads it from the installed package instead
-    recorded = json.loads((DEFAULT_ROUTER_DIR / "config.json").read_text(encoding="utf-8"))
+    recorded = json.loads((root / "config.json").read_text(encoding="utf-8"))
     assert recorded["backbone_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
-    logits, _ = run_router(model, tokenizer, ["What is the derivative of x^3 + 2x?", "Name the capital of France."])
-    assert logits.shape == (2, 5)
-    card = (DEFAULT_ROUTER_DIR / "README.md").read_text(encoding="utf-8")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    front = readme.split("---\n")[1]
+    for line in ("library_name: transformers", "pipeline_tag: text-classification", "license:", "tags:"):
+        assert line in front
+    assert 'base_model: "sentence-transformers/all-MiniLM-L6-v2"' in front
+    card, docs = readme.split(CARD_END)
     assert "a demonstration, not the release" in card and "Qwen/Qwen3-1.7B" in card
     training = model.config.training
     assert (training["n_train"], training["n_test"]) == (35, 11) and training["cross_validation"]["folds"] == 5
-    for figure in (
-        training["test_reward"],
-        training["baselines"]["best_fixed_agent"],
-        training["cross_validation"]["router_mean"],
-    ):
+    for figure in (training["test_reward"], training["baselines"]["best_fixed_agent"]):
         assert f"{figure:.4f}" in card
-    # the converted folder only: never the pilot data
-    assert {p.name for p in DEFAULT_ROUTER_DIR.iterdir()} == {
-        "README.md",
-        "config.json",
-        "configuration_router.py",
-        "modeling_router.py",
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    }
+    assert "benchgen-router route" in docs and "python -m pytest" in docs  # the project's documentation
 
 
-@pytest.mark.skipif(not (PILOT / "tasks.v1.jsonl").exists(), reason=f"pilot data not found at {PILOT} (CI has it)")
+def test_pushing_the_root_uploads_the_model_files_not_the_tooling():
+    from fnmatch import fnmatch
+
+    pushed = {p.name for p in PROJECT_ROOT.iterdir() if p.is_file() and any(fnmatch(p.name, h) for h in HUB_FILES)}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "modeling_router.py"} <= pushed
+    assert not pushed & {"pyproject.toml", "constraints.txt", "bench_gpu.sh"}
+    assert not [p for p in PROJECT_ROOT.iterdir() if p.is_dir() and any(fnmatch(p.name, h) for h in HUB_FILES)]
+
+
+@pytest.mark.skipif(not (PILOT / "tasks.v1.jsonl").exists(), reason=NO_PILOT)
 def test_default_router_picks_on_every_pilot_prompt_are_the_recorded_ones():
     recorded = json.loads(PICKS_FILE.read_text(encoding="utf-8"))
     assert len(recorded) == 1110 and set(recorded.values()) <= set(AGENTS)
@@ -78,7 +80,7 @@ def test_default_router_picks_on_every_pilot_prompt_are_the_recorded_ones():
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--record"]:
-        sys.exit(f"usage: python {sys.argv[0]} --record   (rewrites {PICKS_FILE} from the committed default router)")
+        sys.exit(f"usage: python {sys.argv[0]} --record   (rewrites {PICKS_FILE} from the committed router)")
     PICKS_FILE.parent.mkdir(parents=True, exist_ok=True)
     PICKS_FILE.write_text(json.dumps(route_pilot_prompts(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"wrote {PICKS_FILE}")
