@@ -162,11 +162,12 @@ def run_tool(
     """Run the command line as a user would: `benchgen-router <command> ...` (as python -m
     benchgen_router), or one of the root scripts when `command` ends in .py. On a timeout the
     whole process group is killed, so no worker process outlives the test."""
-    base = (
-        [sys.executable, str(PROJECT_ROOT / command)]
-        if command.endswith(".py")
-        else [sys.executable, "-m", "benchgen_router", command]
-    )
+    if command.endswith(".py"):  # a root script
+        base = [sys.executable, str(PROJECT_ROOT / command)]
+    elif "." in command:  # a module run with python -m
+        base = [sys.executable, "-m", command]
+    else:  # a subcommand
+        base = [sys.executable, "-m", "benchgen_router", command]
     process = subprocess.Popen(
         [*base, *map(str, args)],
         stdout=subprocess.PIPE,

@@ -142,7 +142,7 @@ def test_file_in_order_out_in_every_format(converted, tmp_path, fmt, capsys, cap
         )
 
 
-@pytest.mark.parametrize("flags", [["--max-batch-tokens", "100"], ["--dtype", "bfloat16"]])
+@pytest.mark.parametrize("flags", [["--max-batch-tokens", "100"], ["--dtype", "bfloat16", "--allow-emulated-bf16"]])
 def test_batching_and_dtype_flags_route_every_query(converted, tmp_path, flags):
     """A tiny packed-batch budget (one row a batch) gives the same picks; bfloat16 keeps them here."""
     folder, _ = converted[0]

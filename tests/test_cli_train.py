@@ -17,11 +17,25 @@ from benchgen_router.routing import run_router
 from helpers import AGENTS, NO_PILOT, PILOT, cli, pilot_data, run_tool, synthetic_rows, write_jsonl
 
 # REFERENCE.md, "manifest.json": the keys the reference trainer writes (literally, not the package's list).
-REFERENCE_KEYS = set(
-    "model_id backbone_model rewards_dataset agent_order embedding_dim head_hidden_dim n_head_params n_total "
-    "n_train n_test train_reward test_reward baselines beats_best_fixed_agent cma_generations_run history "
-    "duration_seconds".split()
-)
+REFERENCE_KEYS = {
+    "model_id",
+    "backbone_model",
+    "rewards_dataset",
+    "agent_order",
+    "embedding_dim",
+    "head_hidden_dim",
+    "n_head_params",
+    "n_total",
+    "n_train",
+    "n_test",
+    "train_reward",
+    "test_reward",
+    "baselines",
+    "beats_best_fixed_agent",
+    "cma_generations_run",
+    "history",
+    "duration_seconds",
+}
 needs_pilot = pytest.mark.skipif(not (PILOT / "rewards.jsonl").exists(), reason=NO_PILOT)
 
 
