@@ -86,7 +86,7 @@ def resolve_dtype(dtype: Any, device: str, allow_emulated: bool = False) -> Any:
     if dtype in (None, "auto"):
         return "auto"
     resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-    if not isinstance(resolved, torch.dtype):
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
         raise UsageError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu" and not bf16_is_fast("cpu"):
         if not allow_emulated:

@@ -1,0 +1,50 @@
+"""folder.py: the card from its template (merged with the text a README keeps after it), the
+folder checks, and the tokenizer saved without loading flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchgen_router.errors import UsageError
+from benchgen_router.folder import CARD_END, check_output_folder, is_router_folder, merge_card, render_card
+from configuration_router import RouterConfig
+from helpers import AGENTS
+
+
+def config(**training) -> RouterConfig:
+    text = {"model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4}
+    return RouterConfig(text_config=text, id2label=dict(enumerate(AGENTS)), training=training)
+
+
+def test_the_card_is_rendered_from_the_template():
+    card = render_card(config(model_id="head-x", n_train=35, n_test=11, test_reward=0.61), "org/model", "v2")
+    front = card.split("---\n")[1]
+    assert 'base_model: "org/model"' in front and "pipeline_tag: text-classification" in front
+    assert "# head-x" in card and "| rows (train / held out) | 35 / 11 |" in card and "0.6100" in card
+    assert "at revision `v2`" in card and card.rstrip().endswith(CARD_END)
+    assert "$" not in card.replace("$x", "")  # every placeholder filled
+    local = render_card(config(), "/models/local-copy", None)
+    assert "base_model" not in local.split("---\n")[1]  # a local path is not a Hub model
+
+
+def test_a_new_card_keeps_what_the_readme_held_after_the_previous_one():
+    first = render_card(config(model_id="one"), "org/model", None)
+    readme = first + "\n# The project\n\nDocumentation.\n"
+    second = merge_card(render_card(config(model_id="two"), "org/model", None), readme)
+    assert "# two" in second and "# one" not in second and second.endswith("\n# The project\n\nDocumentation.\n")
+    assert merge_card("card", "a README without the marker") == "card"
+
+
+def test_folders_that_hold_something_else_are_refused(tmp_path):
+    check_output_folder(tmp_path / "new", overwrite=False)  # a new folder is fine
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "notes.md").write_text("x")
+    with pytest.raises(UsageError, match="already holds files and no router"):
+        check_output_folder(tmp_path / "theirs", overwrite=False)
+    check_output_folder(tmp_path / "theirs", overwrite=True)
+    (tmp_path / "router").mkdir()
+    (tmp_path / "router" / "config.json").write_text(json.dumps({"model_type": "benchgen_router"}))
+    assert is_router_folder(tmp_path / "router") and not is_router_folder(tmp_path / "theirs")
+    check_output_folder(tmp_path / "router", overwrite=False)  # a router folder is replaced
