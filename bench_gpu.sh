@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The routing benchmark on a GPU machine, as one prepared command (issue 5, item 5).
+# The routing benchmark on a GPU machine, as one prepared command.
 #
-#   PYTHON=/path/to/python OUT=/results bash bench_gpu.sh [extra bench_routing.py options]
+#   PYTHON=/path/to/python OUT=/results bash bench_gpu.sh [extra benchgen-router bench options]
 #
 # Installs nothing and needs no network: $PYTHON (default python3) must already hold a CUDA build
 # of torch, transformers, tokenizers, safetensors, numpy and tqdm. The workload is
@@ -10,7 +10,7 @@
 # distribution. The table goes to stdout and, when $OUT is set, to $OUT/bench_gpu.md with every
 # number in $OUT/bench_gpu.json. Rows: the default set (reference per query and in batches of 16,
 # the package's default path, the bf16 mode); the package packs up to 32,768 positions per batch
-# on a GPU (router_utils.default_batch_tokens).
+# on a GPU (hardware.default_batch_tokens).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
@@ -26,4 +26,4 @@ if [[ -n "${OUT:-}" ]]; then
     args+=(--output "$OUT/bench_gpu.md" --output "$OUT/bench_gpu.json")
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
-exec "$PY" bench_routing.py "${args[@]}" "$@"
+exec "$PY" -m benchgen_router bench "${args[@]}" "$@"

@@ -19,7 +19,6 @@ import numpy as np
 from benchgen_router.errors import UsageError, first_line
 from benchgen_router.folder import check_output_folder, render_card, write_router_folder
 from benchgen_router.head import check_float32_finite, head_param_count, theta_to_state_dict
-from benchgen_router.loading import backbone_source, load_backbone_config, load_backbone_tokenizer, router_config
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH, provenance, read_manifest
 
 logger = logging.getLogger("benchgen_router")
@@ -95,6 +94,7 @@ def _bundled_router(config: Any, state: dict[str, Any], source: str, revision: s
     import torch
     from transformers import AutoModel
 
+    from benchgen_router.loading import backbone_source
     from benchgen_router.model_code import RouterModel
 
     try:
@@ -133,6 +133,9 @@ def convert_release(
     dim, hidden = manifest["embedding_dim"], manifest["head_hidden_dim"]
     theta = load_theta(Path(weights_path), head_param_count(dim, len(agents), hidden), manifest)
     check_output_folder(Path(output_dir), overwrite)
+    # Imported only now: a bad file is reported before transformers' import (seconds) starts.
+    from benchgen_router.loading import load_backbone_config, load_backbone_tokenizer, router_config
+
     recorded = recorded_backbone(manifest, backbone, backbone_id)
     source = backbone or recorded
     same_id = recorded == manifest.get("backbone_model")

@@ -19,7 +19,7 @@ import pytest
 
 from benchgen_router.model_code import default_router_dir
 from benchgen_router.routing import pick_agent
-from helpers import AGENTS, RESULT_KEYS, check_result, cli, make_queries, run_tool
+from helpers import AGENTS, PROJECT_ROOT, RESULT_KEYS, check_result, cli, make_queries, run_tool
 
 QUERIES = make_queries(24, seed=21)
 
@@ -386,3 +386,101 @@ def test_bad_output_or_device_fails_before_any_routing(converted, tmp_path, flag
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
     assert not (tmp_path / "no").exists()  # no folder was created for the typo
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile paths and lines: nothing lost, nothing half-written, no wrong answer with exit 0
+
+
+@pytest.mark.parametrize("through_link", [False, True])
+def test_the_input_as_output_is_refused_and_the_input_kept(converted, tmp_path, capsys, through_link):
+    folder, _ = converted[0]
+    source = tmp_path / "q.txt"
+    source.write_text("\n".join(QUERIES[:3]) + "\n")
+    target = source
+    if through_link:
+        target = tmp_path / "alias.jsonl"
+        target.symlink_to(source)
+    assert cli("route", "--model", folder, "--input", source, "--output", target) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert source.read_text() == "\n".join(QUERIES[:3]) + "\n"
+
+
+def test_an_output_link_is_written_through_and_kept(converted, tmp_path):
+    folder, _ = converted[0]
+    source, real, link = tmp_path / "q.txt", tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    source.write_text("\n".join(QUERIES[:3]) + "\n")
+    real.write_text("stale\n")
+    link.symlink_to(real)
+    assert cli("route", "--model", folder, "--input", source, "--output", link) == 0
+    assert link.is_symlink() and [json.loads(line)["line"] for line in real.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_dev_stdout_is_a_stream_not_replaced(converted, tmp_path):
+    folder, _ = converted[0]
+    source = tmp_path / "q.txt"
+    source.write_text("\n".join(QUERIES[:3]) + "\n")
+    result = run_tool("route", "--model", folder, "--input", source, "--output", "/dev/stdout", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["line"] for line in result.stdout.splitlines()] == [1, 2, 3]
+    assert os.path.islink("/dev/stdout")
+
+
+@pytest.mark.parametrize("tool", ["route", "evaluate"])
+def test_an_unwritable_output_fails_before_any_work(converted, tmp_path, tool):
+    folder, _ = converted[0]
+    source = tmp_path / "q.txt"
+    source.write_text("one query\n")
+    if tool == "route":
+        argv = ["route", "--model", folder, "--input", source, "--output", "/sys/kernel/picks.jsonl"]
+    else:
+        argv = ["evaluate", "--model", folder, "--rewards", source, "--tasks", source, "--output-json", "/sys/x.json"]
+    result = run_tool(*argv)
+    assert result.returncode == 2 and "cannot write to /sys" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_a_line_separator_inside_a_query_keeps_it_one_query(converted, tmp_path, separator):
+    folder, _ = converted[0]
+    rows = [{"id": "a", "prompt": f"first{separator}half"}, {"id": "b", "prompt": "second"}]
+    content = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
+    code, records = route_file(tmp_path, folder, "sep.jsonl", content)
+    assert code == 0 and [(r["line"], r["id"]) for r in records] == [(1, "a"), (2, "b")]
+    expected = pick_agent([f"first{separator}half", "second"], model=folder)
+    assert [r["picked_agent"] for r in records] == [e["picked_agent"] for e in expected]
+
+
+@pytest.mark.parametrize("bad", ["\u200b", "\ufeff\u2060", "\x01\x02", "\u0301"])
+def test_a_line_that_tokenizes_to_nothing_is_skipped_and_the_rest_routed(tmp_path, caplog, capsys, bad):
+    """The committed router's BERT tokenizer keeps nothing of these but [CLS] [SEP]."""
+    caplog.set_level(logging.INFO, logger="benchgen_router")
+    source, out = tmp_path / "q.txt", tmp_path / "out.jsonl"
+    source.write_text(f"What is 2 + 2?\n{bad}\nName a prime.\n", encoding="utf-8")
+    assert cli("route", "--input", source, "--output", out) == 1
+    assert [json.loads(line)["line"] for line in out.read_text().splitlines()] == [1, 3]
+    assert any("line 2: query tokenizes to nothing" in message for message in caplog.messages)
+    assert cli("route", bad) == 2
+    assert "tokenizes to nothing" in capsys.readouterr().err
+
+
+def test_results_stream_out_before_the_whole_file_is_routed(converted, tmp_path):
+    """`route --input big.txt | head -1`: the first pick comes while the rest is still being routed."""
+    folder, _ = converted[0]
+    source = tmp_path / "many.txt"
+    source.write_text("\n".join(make_queries(3000, seed=5)) + "\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchgen_router", "route", "--model", str(folder), "--input", str(source), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
+    try:
+        first = process.stdout.readline()
+        assert first.strip().decode() in AGENTS
+        assert process.poll() is None, "the whole file was routed before the first line came out"
+        process.stdout.close()  # the reader goes away, as `head -1` does
+        assert process.wait(timeout=120) in (0, 141)
+        assert b"Traceback" not in process.stderr.read()
+    finally:
+        process.kill()

@@ -491,8 +491,10 @@ TRIAL_MODE_NAMES = ("padded", "bf16-padded", "int8", "compile", "bf16-compile") 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from benchgen_router.cli.common import EXIT_CODES_HELP
+
     summary, _, details = (__doc__ or "").partition("\n\n")
-    parser.description, parser.epilog = summary, details
+    parser.description, parser.epilog = summary, details + "\n" + EXIT_CODES_HELP
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     offered = OFFERED_MODES
     add = parser.add_argument

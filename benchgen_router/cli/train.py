@@ -230,15 +230,8 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from benchgen_router.convert import convert_release
     from benchgen_router.data import held_out_mask, join_rewards, load_rows
-    from benchgen_router.embeddings import default_cache_dir, embed_prompts
-    from benchgen_router.evaluation import evaluate_picks, format_cross_validation, format_evaluation
-    from benchgen_router.files import staging_dir, to_json
     from benchgen_router.folder import check_output_folder
-    from benchgen_router.head import head_picks
-    from benchgen_router.manifest import make_manifest
-    from benchgen_router.training import cross_validate, search_head
 
     progress = not args.no_progress
     card_note = read_card_note(args.card_note)
@@ -246,6 +239,16 @@ def run(args: argparse.Namespace) -> int:
         check_output_folder(args.export, overwrite=False)  # before the work, so a bad folder costs nothing
     data = join_rewards(load_rows(args.rewards, "rewards"), load_rows(args.tasks, "tasks"))
     test, how = held_out_mask(data, args.test_split, args.seed)
+
+    # The data are good: now the heavy imports (torch, transformers).
+    from benchgen_router.convert import convert_release
+    from benchgen_router.embeddings import default_cache_dir, embed_prompts
+    from benchgen_router.evaluation import evaluate_picks, format_cross_validation, format_evaluation
+    from benchgen_router.files import staging_dir, to_json
+    from benchgen_router.head import head_picks
+    from benchgen_router.manifest import make_manifest
+    from benchgen_router.training import cross_validate, search_head
+
     logger.info(
         "%d labelled rows, %d agents: %d train, %d held out (%s)",
         len(data),
