@@ -7,6 +7,7 @@ test module imports transformers or huggingface_hub (they read both once, at imp
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,11 +16,18 @@ import pytest
 
 from helpers import build_backbone, build_tokenizer, convert_release, write_release
 
+HF_HOME = pytest.StashKey[str]()  # the private Hub cache of this run, removed at its end
+
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="router-tests-hf-home-")
+    config.stash[HF_HOME] = tempfile.mkdtemp(prefix="router-tests-hf-home-")
+    os.environ["HF_HOME"] = config.stash[HF_HOME]
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(config.stash.get(HF_HOME, ""), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
