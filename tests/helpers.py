@@ -80,21 +80,21 @@ def build_backbone(
     """A tiny random Qwen3Model saved with the tokenizer, like a backbone repo on the Hub."""
     from transformers import Qwen3Config, Qwen3Model
 
-    config = Qwen3Config(
-        vocab_size=320,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden_size // 4,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        **overrides,
-    )
+    settings = {
+        "vocab_size": 320,
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": hidden_size // 4,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "tie_word_embeddings": True,
+        "pad_token_id": 0,
+    }
+    config = Qwen3Config(**{**settings, **overrides})
     torch.manual_seed(seed)
     Qwen3Model(config).eval().save_pretrained(folder)
     for item in tokenizer_dir.iterdir():

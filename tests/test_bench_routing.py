@@ -14,6 +14,7 @@ from benchgen_router.bench.routing import (
     PROMPT_CHAR_PERCENTILES,
     TRIAL_MODE_NAMES,
     generated_workload,
+    qwen3_tokenizer_dir,
     stratified_sample,
 )
 from benchgen_router.hardware import bf16_is_fast
@@ -65,7 +66,10 @@ def test_smoke_run_has_every_row_and_column(tmp_path):
     # The printed markdown table: one line per row, with the layer count and the token counts.
     assert "| (a) reference" in result.stdout and ("| (d) bf16 |" in result.stdout) == fast_bf16
     assert "avx" in result.stdout or "no avx2/avx512/amx" in result.stdout  # the CPU's features are named
-    assert "**2 layers**" in result.stdout and "tokens (byte-level BPE" in result.stdout
+    real_tokenizer = qwen3_tokenizer_dir() is not None
+    assert "**2 layers**" in result.stdout
+    assert ("tokens (Qwen3's own tokenizer" in result.stdout) == real_tokenizer
+    assert ("tokens (byte-level BPE" in result.stdout) == (not real_tokenizer)
     assert table.read_text() == result.stdout
     assert not list(tmp_path.glob("bench-routing-*")), "the temporary backbone was left behind"
 

