@@ -678,7 +678,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torch
 
-    from benchgen_router import speedups
     from benchgen_router.hardware import bf16_is_fast
 
     started = time.perf_counter()
@@ -787,14 +786,8 @@ def run(args: argparse.Namespace) -> int:
         "peak_shape": peak_spec,
         "loadavg": {"start": load_start, "end": os.getloadavg()},
         "flop_formula": "2 x non-embedding params x real tokens (padding and attention scores not counted)",
-        "rows": {},
     }
-    ref = rows["ref-single"]
-    for name, row in rows.items():
-        metrics = row_metrics(row, ref, tokens, flops, peaks, threads)
-        entry = {key: value for key, value in row.items() if key != "arrays"}
-        entry.update(metrics, title=ROW_TITLES.get(name) or f"(d) speed mode {name}: {speedups.get_mode(name).summary}")
-        report["rows"][name] = entry
+    report["rows"] = table_rows(rows, tokens, flops, peaks, threads)
     report["pick_distribution"] = np.bincount(
         np.array(report["rows"]["ref-single"]["picks"]), minlength=len(AGENTS)
     ).tolist()
@@ -803,11 +796,23 @@ def run(args: argparse.Namespace) -> int:
     print(text, end="")
     for path in args.output:
         with atomic_output(path) as handle:
-            if path.suffix == ".json":
-                json.dump(report, handle, indent=1)
-            else:
-                handle.write(text)
+            handle.write(json.dumps(report, indent=1) if path.suffix == ".json" else text)
     return 0
+
+
+def table_rows(
+    rows: dict[str, dict[str, Any]], tokens: int, flops: float, peaks: dict[str, float], threads: int
+) -> dict[str, dict[str, Any]]:
+    """Each row's measurements and its table columns against row (a), without the raw arrays."""
+    from benchgen_router import speedups
+
+    table = {}
+    for name, row in rows.items():
+        entry = {key: value for key, value in row.items() if key != "arrays"}
+        title = ROW_TITLES.get(name) or f"(d) speed mode {name}: {speedups.get_mode(name).summary}"
+        entry.update(row_metrics(row, rows["ref-single"], tokens, flops, peaks, threads), title=title)
+        table[name] = entry
+    return table
 
 
 def convert_router(

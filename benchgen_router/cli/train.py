@@ -243,10 +243,9 @@ def run(args: argparse.Namespace) -> int:
     # The data are good: now the heavy imports (torch, transformers).
     from benchgen_router.convert import convert_release
     from benchgen_router.embeddings import default_cache_dir, embed_prompts
-    from benchgen_router.evaluation import evaluate_picks, format_cross_validation, format_evaluation
+    from benchgen_router.evaluation import evaluate_picks
     from benchgen_router.files import staging_dir, to_json
     from benchgen_router.head import head_picks
-    from benchgen_router.manifest import make_manifest
     from benchgen_router.training import cross_validate, search_head
 
     logger.info(
@@ -297,13 +296,47 @@ def run(args: argparse.Namespace) -> int:
         )
         timings["cross_validation_seconds"] = time.perf_counter() - started
 
-    manifest = make_manifest(
+    manifest = build_manifest(args, data, test, how, result, evaluation, cv, embedded, timings)
+    with staging_dir(args.output_dir) as staging:
+        np.save(staging / "head_weights.npy", result.theta.astype(np.float64), allow_pickle=False)
+        (staging / "manifest.json").write_text(to_json(manifest, indent=2) + "\n", encoding="utf-8")
+    logger.info("wrote %s (head_weights.npy, manifest.json)", args.output_dir)
+    if args.export is not None:
+        convert_release(
+            args.output_dir / "manifest.json",
+            args.output_dir / "head_weights.npy",
+            args.export,
+            backbone=args.backbone,
+            backbone_revision=args.backbone_revision,
+            backbone_id=args.backbone_id,
+            card_note=card_note,
+        )
+
+    print_report(result, evaluation, cv)
+    return 0
+
+
+def build_manifest(
+    args: argparse.Namespace,
+    data: Any,
+    test: Any,
+    how: str,
+    result: Any,
+    evaluation: dict[str, Any],
+    cv: dict[str, Any] | None,
+    embedded: Any,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """The run's manifest: every reference key, plus the evaluation, cross-validation and search settings."""
+    from benchgen_router.manifest import make_manifest
+
+    return make_manifest(
         model_id=args.model_id or model_id(args.backbone_id, data.agents, result.theta),
         backbone_model=args.backbone_id,
         backbone_revision=args.backbone_revision,
         rewards_dataset=args.rewards_id or args.rewards,
         agent_order=data.agents,
-        embedding_dim=int(embeddings.shape[1]),
+        embedding_dim=int(embedded.vectors.shape[1]),
         head_hidden_dim=args.head_hidden_dim,
         n_head_params=int(result.theta.size),
         n_total=len(data),
@@ -329,20 +362,11 @@ def run(args: argparse.Namespace) -> int:
         },
         timings={key: round(value, 3) for key, value in timings.items()},
     )
-    with staging_dir(args.output_dir) as staging:
-        np.save(staging / "head_weights.npy", result.theta.astype(np.float64), allow_pickle=False)
-        (staging / "manifest.json").write_text(to_json(manifest, indent=2) + "\n", encoding="utf-8")
-    logger.info("wrote %s (head_weights.npy, manifest.json)", args.output_dir)
-    if args.export is not None:
-        convert_release(
-            args.output_dir / "manifest.json",
-            args.output_dir / "head_weights.npy",
-            args.export,
-            backbone=args.backbone,
-            backbone_revision=args.backbone_revision,
-            backbone_id=args.backbone_id,
-            card_note=card_note,
-        )
+
+
+def print_report(result: Any, evaluation: dict[str, Any], cv: dict[str, Any] | None) -> None:
+    """What the run prints: the search, the held-out table, the cross-validated estimate."""
+    from benchgen_router.evaluation import format_cross_validation, format_evaluation
 
     print(
         f"train reward {result.train_reward:.4f} after {result.generations_run} generations "
@@ -358,4 +382,3 @@ def run(args: argparse.Namespace) -> int:
             evaluation["best_fixed_agent_id"],
             evaluation["best_fixed_agent"],
         )
-    return 0
