@@ -196,3 +196,11 @@ def test_first_calls_from_many_threads_load_the_router_once(converted, monkeypat
     for thread in threads:
         thread.join()
     assert len(loads) == 1 and len(results) == 8 and len(set(results)) == 1
+
+
+def test_padded_batches_are_bounded_by_the_token_budget_whatever_the_batch_size():
+    """An encoder with --batch-size 3000 used to pad 3,000 queries into one batch (out of memory)."""
+    lengths = [512] * 3000 + [8] * 100
+    batches = plan_batches(lengths, packed=False, batch_size=3000, max_batch_tokens=2048)
+    assert all(len(batch) * max(lengths[i] for i in batch) <= 2048 for batch in batches)
+    assert sorted(i for batch in batches for i in batch) == list(range(3100))
