@@ -5,6 +5,7 @@
     benchgen-router evaluate --model router/ --rewards rewards.jsonl --tasks tasks.jsonl
     benchgen-router convert --manifest manifest.json --weights head_weights.npy --output-dir router/
     benchgen-router bench --layers 4 --queries 16
+    benchgen-router serve --model router/ --port 8000
 
 Arguments are checked before torch or transformers are imported, so bad usage is reported at once.
 """
@@ -25,6 +26,7 @@ COMMANDS = {
     "evaluate": "evaluate",
     "convert": "convert",
     "bench": "bench",
+    "serve": "serve",
 }
 
 

@@ -239,9 +239,34 @@ def route_file(args: argparse.Namespace) -> int:
             stream.close()
 
 
+def route_file_on_ray(args: argparse.Namespace) -> int:
+    """--engine ray: the same records, routed by an actor pool of Ray Data (see serving.route_file_with_ray)."""
+    from benchgen_router.errors import UsageError
+
+    try:
+        from benchgen_router.serving import route_file_with_ray
+    except ImportError as err:
+        raise UsageError(
+            f"--engine ray needs Ray Data ({err.name} is missing): pip install 'benchgen-router[serving]'."
+        ) from None
+    result = route_file_with_ray(
+        args.input,
+        args.output,
+        args.model,
+        args.text_field,
+        args.id_field,
+        args.format,
+        actors=args.actors,
+        threads=args.threads or 1,
+        batch_size=args.batch_size or 64,
+        revision=args.revision,
+        backbone=args.backbone,
+        progress=not args.quiet,
+    )
+    return EXIT_SKIPPED if result.skipped else EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     if args.engine == "ray":
-        from benchgen_router.serving import route_file_with_ray
-
-        return route_file_with_ray(args)
+        return route_file_on_ray(args)
     return route_file(args) if args.input else route_command_line(args)

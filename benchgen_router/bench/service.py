@@ -1,0 +1,441 @@
+"""Load benchmark of the HTTP routing service against routing in-process, as one markdown table.
+
+    python -m benchgen_router.bench.service                 # default router, 127.0.0.1, a free port
+    python -m benchgen_router.bench.service --profile       # and where the service's CPU time goes
+
+Rows: in-process run_router (throughput of one call over every query, and one-query latency)
+with torch's default threads and with 1, quiet and beside a CPU-burning background process; then
+the service at 1, 8, 32 and 128 concurrent clients (one query per request), with Ray Serve's
+dynamic batching on and off (max_batch_size 1), with 8 queries per request, and with batching on
+beside the CPU burner. "CPU ms/query" is the CPU time of every process involved (for the service:
+replicas, proxy, Ray's own processes and the client) per query routed. Each level is bounded: at most
+--requests requests and --seconds seconds, after a short warm-up. All traffic goes to 127.0.0.1.
+
+Targets checked below the table, against the best quiet in-process figures: at concurrency >= 32
+the service reaches >= 70% of in-process throughput; at concurrency 1 its median latency is within
+5 ms of in-process one-query latency. With --profile: CPU time per query by process, and py-spy's
+shares of the replicas' and the proxy's samples.
+Load average is printed before and after: on a shared machine other work skews every figure.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchgen_router.files import atomic_output
+from benchgen_router.hardware import cpu_features
+from benchgen_router.loading import load_router
+from benchgen_router.routing import run_router
+from benchgen_router.serving import free_port, serve
+
+logger = logging.getLogger("benchgen_router")
+
+CONCURRENCY = (1, 8, 32, 128)
+BURNER = "bench-service-cpu-burner"  # in the burner's command line, so its CPU time is left out
+SUBJECTS = ("derivative", "integral", "prime", "triangle", "enzyme", "matrix", "treaty", "glacier", "orbit", "sonnet")
+VERBS = ("Explain", "Compute", "Prove", "Describe", "Estimate", "Compare", "Summarise", "Find")
+
+
+def benchmark_queries(count: int, seed: int = 0) -> list[str]:
+    """Questions of a few words to a few sentences, like real routing traffic."""
+    rng = np.random.default_rng(seed)
+    queries = []
+    for _ in range(count):
+        parts = [f"{rng.choice(VERBS)} the {rng.choice(SUBJECTS)} of {int(rng.integers(2, 999))}"]
+        parts += [f"then relate it to the {rng.choice(SUBJECTS)}" for _ in range(int(rng.integers(0, 6)))]
+        queries.append(", ".join(parts) + "?")
+    return queries
+
+
+@dataclass
+class Row:
+    setup: str
+    concurrency: str
+    rate: float  # queries per second
+    latencies_ms: np.ndarray
+    errors: int = 0
+    cpu_ms: float | None = None  # CPU time of every process involved, per routed query
+
+    def cells(self) -> list[str]:
+        if len(self.latencies_ms):
+            p50, p95, p99 = np.percentile(self.latencies_ms, [50, 95, 99])
+            spread = [f"{p50:.1f}", f"{p95:.1f}", f"{p99:.1f}"]
+        else:
+            spread = ["", "", ""]
+        cpu = "" if self.cpu_ms is None else f"{self.cpu_ms:.1f}"
+        return [self.setup, self.concurrency, f"{self.rate:.1f}", *spread, cpu, str(self.errors)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Background CPU load
+
+
+@contextlib.contextmanager
+def cpu_burner(active: bool, seconds: float) -> Iterator[None]:
+    """A background process spinning on one core for at most `seconds` (killed on leaving)."""
+    if not active:
+        yield
+        return
+    spin = f"import time  # {BURNER}\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    burner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        burner.kill()
+        burner.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process
+
+
+def in_process_rows(router: Any, tokenizer: Any, queries: Sequence[str], samples: int, label: str) -> list[Row]:
+    """Throughput of one run_router call over every query, and the latency of one-query calls,
+    with torch's current thread count."""
+    import torch
+
+    run_router(router, tokenizer, queries[:16])  # warm-up
+    cpu, started = time.process_time(), time.perf_counter()
+    run_router(router, tokenizer, queries)
+    rate = len(queries) / (time.perf_counter() - started)
+    batch_cpu = 1000 * (time.process_time() - cpu) / len(queries)
+    latencies = []
+    cpu = time.process_time()
+    for query in queries[:samples]:
+        started = time.perf_counter()
+        run_router(router, tokenizer, [query])
+        latencies.append(1000 * (time.perf_counter() - started))
+    single_cpu = 1000 * (time.process_time() - cpu) / samples
+    threads = torch.get_num_threads()
+    setup = f"in-process run_router ({threads} torch thread{'s' * (threads != 1)}){label}"
+    return [
+        Row(setup, f"{len(queries)} in one call", rate, np.array([]), cpu_ms=batch_cpu),
+        Row(setup, "1 query per call", 1000 / float(np.mean(latencies)), np.array(latencies), cpu_ms=single_cpu),
+    ]
+
+
+def in_process_all(queries: Sequence[str], samples: int, label: str) -> list[Row]:
+    """In-process rows with torch's default threads, then with 1 thread (as each replica runs)."""
+    import torch
+
+    router, tokenizer = load_router(None)
+    default = torch.get_num_threads()
+    rows = in_process_rows(router, tokenizer, queries, samples, label)
+    if default != 1:
+        torch.set_num_threads(1)
+        try:
+            rows += in_process_rows(router, tokenizer, queries, samples, label)
+        finally:
+            torch.set_num_threads(default)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Against the service
+
+
+async def load_level(
+    url: str, queries: Sequence[str], concurrency: int, requests: int, seconds: float, per_request: int = 1
+) -> Row:
+    """`concurrency` clients, each sending its next request (`per_request` queries) as soon as
+    the last is answered, until `requests` were sent or `seconds` passed. The rate counts queries."""
+    import aiohttp
+
+    latencies: list[float] = []
+    errors = 0
+    sent = 0
+    deadline = time.perf_counter() + seconds
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def client() -> None:
+            nonlocal sent, errors
+            while sent < requests and time.perf_counter() < deadline:
+                first = (sent * per_request) % len(queries)
+                batch = [queries[(first + i) % len(queries)] for i in range(per_request)]
+                sent += 1
+                started = time.perf_counter()
+                try:
+                    async with session.post(url, json={"queries": batch}) as response:
+                        await response.read()
+                        ok = response.status == 200
+                except (TimeoutError, aiohttp.ClientError):
+                    ok = False
+                if ok:
+                    latencies.append(1000 * (time.perf_counter() - started))
+                else:
+                    errors += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return Row("", str(concurrency), per_request * len(latencies) / elapsed, np.array(latencies), errors)
+
+
+def service_rows(
+    url: str,
+    queries: Sequence[str],
+    setup: str,
+    levels: Sequence[int],
+    requests: int,
+    seconds: float,
+    per_request: int = 1,
+) -> list[Row]:
+    asyncio.run(load_level(url, queries, 4, 40, 10))  # warm-up: connections, first batches
+    rows = []
+    for concurrency in levels:
+        pids = [pid for role in serve_processes().values() for pid in role] + [os.getpid()]
+        before = cpu_seconds(pids)
+        row = asyncio.run(load_level(url, queries, concurrency, requests, seconds, per_request))
+        row.cpu_ms = 1000 * (cpu_seconds(pids) - before) / max(1, per_request * len(row.latencies_ms))
+        row.setup = setup
+        rows.append(row)
+        logger.info("%s, %d clients: %.1f q/s", setup, concurrency, row.rate)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the time goes
+
+
+def serve_processes() -> dict[str, list[int]]:
+    """Pids of the service's processes by role, found by the titles Ray gives its workers."""
+    import psutil
+
+    roles: dict[str, list[int]] = {"replica": [], "proxy": [], "other Ray processes": []}
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            title = " ".join(child.cmdline())
+            if BURNER in title or "py-spy" in title:
+                continue
+            if "ServeReplica" in title:
+                roles["replica"].append(child.pid)
+            elif "ProxyActor" in title:
+                roles["proxy"].append(child.pid)
+            else:
+                roles["other Ray processes"].append(child.pid)
+    return roles
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def profile_level(
+    url: str, queries: Sequence[str], concurrency: int, requests: int, seconds: float, py_spy: bool
+) -> list[str]:
+    """CPU milliseconds per routed query by process (the client is this process), and with
+    py-spy the share of the replicas' samples spent in the model, for one load level."""
+    roles = serve_processes()
+    roles["client (this process)"] = [os.getpid()]
+    before = {role: cpu_seconds(pids) for role, pids in roles.items()}
+    spies = []
+    spy_binary = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if py_spy and spy_binary is None:
+        logger.warning("py-spy not found (pip install py-spy): CPU times only")
+    if py_spy and spy_binary:
+        for role in ("replica", "proxy"):
+            for pid in roles[role]:
+                out = Path(f"/tmp/bench-service-{role}-{pid}.txt")
+                command = [spy_binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "50", "-f", "raw"]
+                spies.append((role, out, subprocess.Popen([*command, "-o", str(out), "--nonblocking"])))
+    row = asyncio.run(load_level(url, queries, concurrency, requests, seconds))
+    routed = max(1, len(row.latencies_ms))
+    lines = [
+        f"CPU time per routed query at {concurrency} clients ({row.rate:.1f} q/s, batching on):",
+        "",
+        "| process | CPU ms per query |",
+        "| --- | ---: |",
+    ]
+    for role, pids in roles.items():
+        lines.append(f"| {role} | {1000 * (cpu_seconds(pids) - before[role]) / routed:.2f} |")
+    for role, out, spy in spies:
+        spy.wait(timeout=seconds + 30)
+        lines += ["", *py_spy_summary(role, out)]
+    return lines
+
+
+def py_spy_summary(role: str, path: Path) -> list[str]:
+    """Shares of py-spy samples (all threads) by what they were doing."""
+    if not path.exists():
+        return [f"py-spy wrote no profile of the {role} (is py-spy installed, may it ptrace?)."]
+    buckets = {
+        "model (run_router)": ("run_router (",),
+        "request checks (parse, tokenizer)": ("parse_route_body", "token_problems"),
+        "Ray Serve batching": ("batching.py",),
+        "HTTP (uvicorn, starlette, fastapi)": ("uvicorn", "starlette", "fastapi"),
+        "Ray core (actor calls, object refs)": ("ray/_private", "ray/actor.py", "_raylet"),
+    }
+    counts: Counter = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, number = line.rpartition(" ")
+        if not number.isdigit():
+            continue
+        total += int(number)
+        for name, needles in buckets.items():
+            if any(needle in stack for needle in needles):
+                counts[name] += int(number)
+                break
+        else:
+            counts["other (event loops, idle threads)"] += int(number)
+    shares = ", ".join(f"{name} {100 * n / max(1, total):.0f}%" for name, n in counts.most_common())
+    return [f"py-spy, {role} {path.stem.rsplit('-', 1)[-1]} ({total} samples): {shares}"]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def markdown(rows: Sequence[Row]) -> list[str]:
+    header = ["setup", "concurrency", "q/s", "p50 ms", "p95 ms", "p99 ms", "CPU ms/query", "errors"]
+    lines = ["| " + " | ".join(header) + " |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    return lines + ["| " + " | ".join(row.cells()) + " |" for row in rows]
+
+
+def target_lines(rows: Sequence[Row]) -> list[str]:
+    """The two targets, each against the best quiet in-process figure (torch's default thread
+    count can be far from the best on a busy machine), and what the CPU cost per query allows
+    on a machine with nothing else running."""
+    quiet = [r for r in rows if r.setup.startswith("in-process") and "quiet" in r.setup]
+    in_process = max((r for r in quiet if "one call" in r.concurrency), key=lambda r: r.rate)
+    single = min((r for r in quiet if "per call" in r.concurrency), key=lambda r: float(np.median(r.latencies_ms)))
+    batched = [
+        r
+        for r in rows
+        if r.setup.startswith("service, batching on") and "burner" not in r.setup and "per request" not in r.setup
+    ]
+    loaded = [r for r in batched if r.concurrency.isdigit() and int(r.concurrency) >= 32]
+    one = next((r for r in batched if r.concurrency == "1"), None)
+    lines = []
+    if loaded:
+        best = max(loaded, key=lambda r: r.rate)
+        share = 100 * best.rate / in_process.rate
+        lines.append(
+            f"- throughput at >= 32 clients: {best.rate:.1f} q/s ({best.concurrency} clients) = {share:.0f}% of "
+            f"in-process {in_process.rate:.1f} q/s ({in_process.setup}; target >= 70%: "
+            f"{'met' if share >= 70 else 'missed'})"
+        )
+        cheapest = min((r for r in quiet if "one call" in r.concurrency), key=lambda r: r.cpu_ms or np.inf)
+        cores = os.cpu_count() or 1
+        if best.cpu_ms and cheapest.cpu_ms:
+            lines.append(
+                f"- CPU per query: service {best.cpu_ms:.1f} ms (all its processes and the client) vs in-process "
+                f"{cheapest.cpu_ms:.1f} ms ({cheapest.setup}): with {cores} idle cores at most "
+                f"{1000 * cores / best.cpu_ms:.0f} vs {1000 * cores / cheapest.cpu_ms:.0f} q/s "
+                f"({100 * cheapest.cpu_ms / best.cpu_ms:.0f}%)"
+            )
+    if one is not None and len(one.latencies_ms):
+        p50, reference = float(np.median(one.latencies_ms)), float(np.median(single.latencies_ms))
+        verdict = "met" if p50 <= reference + 5 else "missed"
+        lines.append(
+            f"- median latency at 1 client: {p50:.1f} ms vs in-process one query {reference:.1f} ms "
+            f"({single.setup}; {p50 - reference:+.1f} ms; target <= +5 ms: {verdict})"
+        )
+    return lines
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    title, _, details = (__doc__ or "").partition("\n\n")
+    parser = argparse.ArgumentParser(
+        description=title, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add = parser.add_argument
+    add("--requests", type=int, default=1500, help="at most this many requests per load level (default 1500)")
+    add("--seconds", type=float, default=12.0, help="at most this long per load level (default 12)")
+    add("--queries", type=int, default=256, help="distinct benchmark queries (default 256)")
+    add("--samples", type=int, default=50, help="one-query in-process calls timed (default 50)")
+    add("--replicas", type=int, default=2, help="service replicas (default 2)")
+    add("--threads", type=int, default=1, help="CPUs (= torch threads) per replica (default 1)")
+    add("--max-batch-size", type=int, default=32, help="dynamic batching's batch size when on (default 32)")
+    add("--batch-wait-ms", type=float, default=0.0, help="how long a batch waits for more (default 0)")
+    add("--profile", action="store_true", help="add a CPU-time breakdown (and py-spy shares when installed)")
+    add("--skip-load", action="store_true", help="leave out the rows beside the CPU burner")
+    add("--output", type=Path, help="also write the report to this markdown file")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    queries = benchmark_queries(args.queries)
+    load_before = os.getloadavg()
+    bound = args.seconds * len(CONCURRENCY) * 3 + 300  # the burner never outlives the run
+
+    rows = in_process_all(queries, args.samples, ", quiet")
+    if not args.skip_load:
+        with cpu_burner(True, bound):
+            rows += in_process_all(queries, args.samples, ", beside a CPU burner")
+
+    port = free_port()
+    common: dict[str, Any] = {"port": port, "replicas": args.replicas, "threads": args.threads, "blocking": False}
+    extra: list[str] = []
+    service = serve(None, max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, **common)
+    try:
+        url = service.url + "/v1/route"
+        setup = f"service, batching on ({args.replicas}x{args.threads} CPU, batch {args.max_batch_size})"
+        rows += service_rows(url, queries, setup, CONCURRENCY, args.requests, args.seconds)
+        # Several queries per request: Ray Serve's cost per request is shared by them.
+        rows += service_rows(url, queries, f"{setup}, 8 queries per request", (32,), args.requests, args.seconds, 8)
+        if args.profile:
+            extra = profile_level(url, queries, 32, args.requests, args.seconds, py_spy=True)
+        if not args.skip_load:
+            with cpu_burner(True, bound):
+                rows += service_rows(
+                    url, queries, setup + ", beside a CPU burner", (1, 32), args.requests, args.seconds
+                )
+        # Joins this process's Ray and replaces the application: batches of one query.
+        serve(None, max_batch_size=1, batch_wait_ms=0.0, **common)
+        setup = f"service, batching off ({args.replicas}x{args.threads} CPU, batch 1)"
+        rows += service_rows(url, queries, setup, CONCURRENCY, args.requests, args.seconds)
+    finally:
+        service.close()
+
+    features = ", ".join(name for name, present in cpu_features().items() if present) or "none of them"
+    load_after = os.getloadavg()
+    report = [
+        f"Service load benchmark: default router, 127.0.0.1, {os.cpu_count()} CPUs; one query per request; "
+        f"at most {args.requests} requests / {args.seconds:g} s per level.",
+        f"CPU matrix features: {features} (of {', '.join(cpu_features())}).",
+        f"Load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}.",
+        "",
+        *markdown(rows),
+        "",
+        *target_lines(rows),
+    ]
+    if extra:
+        report += ["", *extra]
+    text = "\n".join(report) + "\n"
+    print(text)
+    if args.output:
+        with atomic_output(args.output) as handle:
+            handle.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    from benchgen_router.cli.common import configure_output, run_command
+
+    configure_output(verbose=False)
+    sys.exit(run_command(lambda _: main(), None))

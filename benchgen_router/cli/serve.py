@@ -1,0 +1,82 @@
+"""benchgen-router serve: the router as an HTTP routing service on Ray Serve.
+
+    benchgen-router serve                                   # the committed default router on 127.0.0.1:8000
+    benchgen-router serve --model ./router --replicas 2 --pool agents.json
+    curl -s 127.0.0.1:8000/v1/route -d '{"queries": ["What is the derivative of x^3 + 2x?"]}'
+
+Starts a local Ray (or joins --address) and deploys the router: each replica loads it once and
+runs one torch thread per CPU it is given; concurrent requests are batched (Ray Serve's batching,
+plus merging whatever queued while the model ran) into one packed forward pass. Endpoints:
+POST /v1/route {"queries": [...]} -> {"results": [...], "router": {...}}, GET /v1/pool,
+GET /healthz, /docs and /openapi.json; Prometheus metrics on --metrics-port. A bad request gets a
+4xx with {"error": "<one line>"}. Ctrl-C or SIGTERM shuts down and stops the Ray it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchgen_router.cli.common import EXIT_CODES_HELP, positive_int
+
+HELP = "serve the router over HTTP with Ray Serve"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    summary, _, details = (__doc__ or "").partition("\n\n")
+    parser.description, parser.epilog = summary, details + "\n" + EXIT_CODES_HELP
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add = parser.add_argument
+    add("--model", metavar="DIR_OR_HUB_ID", help="router folder or Hub id (default: the committed default router)")
+    add("--revision", metavar="REV", help="router repository revision on the Hub")
+    add("--backbone", metavar="DIR_OR_HUB_ID", help="load the backbone from here (e.g. a local copy of it)")
+    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--port", type=positive_int, default=8000, help="port to listen on (default: %(default)s)")
+    add("--replicas", type=positive_int, default=1, help="router replicas, one CPU each (default: %(default)s)")
+    add("--max-batch-size", type=positive_int, default=32, help="queries per forward pass (default: %(default)s)")
+    add(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="how long a batch waits for more requests (default: 0: requests that queue while the model runs "
+        "are merged anyway)",
+    )
+    add("--pool", type=Path, metavar="agents.json", help="the pool's models and prices, served at /v1/pool")
+    add("--address", metavar="RAY", help="join this Ray cluster instead of starting a local Ray")
+    add("--threads", type=positive_int, help="torch threads per replica (default: the CPUs each replica is given)")
+    add("--max-queries", type=positive_int, default=256, help="queries per request at most (default: %(default)s)")
+    add("--max-request-bytes", type=positive_int, default=1 << 20, help="request body size at most (default: 1 MiB)")
+    add("--metrics-port", type=positive_int, help="Prometheus metrics port of a Ray this command starts")
+
+
+def run(args: argparse.Namespace) -> int:
+    from benchgen_router.errors import UsageError
+
+    if args.batch_wait_ms < 0:
+        raise UsageError(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}.")
+    if args.pool is not None and not args.pool.is_file():
+        raise UsageError(f"pool file not found: {args.pool}")
+    try:
+        from benchgen_router.serving import serve
+    except ImportError as err:
+        raise UsageError(
+            f"serving needs Ray Serve ({err.name} is missing): pip install 'benchgen-router[serving]'."
+        ) from None
+    serve(
+        args.model,
+        host=args.host,
+        port=args.port,
+        replicas=args.replicas,
+        max_batch_size=args.max_batch_size,
+        batch_wait_ms=args.batch_wait_ms,
+        pool_file=args.pool,
+        address=args.address,
+        threads=args.threads,
+        max_queries=args.max_queries,
+        max_request_bytes=args.max_request_bytes,
+        blocking=True,
+        revision=args.revision,
+        backbone=args.backbone,
+        metrics_port=args.metrics_port,
+    )
+    return 0

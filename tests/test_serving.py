@@ -1,0 +1,514 @@
+"""The HTTP routing service on a real Ray Serve (127.0.0.1, a free port, the default router) and
+bulk routing with Ray Data: answers equal pick_agent's, every kind of bad request gets a 4xx with
+one line and leaves the service answering, concurrency, a replica killed under load, metrics,
+clean shutdown (no Ray process left behind), and Ray Data's records equal the local engine's.
+
+One Ray and one service serve the whole module (starting Ray takes seconds); the last tests stop
+them and check that nothing is left."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from helpers import AGENTS, PILOT, PROJECT_ROOT, cli, make_queries
+
+# Before Ray starts: its workers read this once. Metrics reach the Prometheus endpoint within a
+# second instead of ten.
+os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+
+from benchgen_router.errors import UsageError  # noqa: E402
+from benchgen_router.routing import pick_agent  # noqa: E402
+from benchgen_router.serving import (  # noqa: E402
+    APP_NAME,
+    free_port,
+    pool_for_router,
+    read_pool_file,
+    route_file_with_ray,
+    serve,
+)
+
+MAX_QUERIES = 8
+MAX_BYTES = 4096
+QUERIES = make_queries(40, seed=7)
+POOL = [
+    {
+        "agent_id": agent,
+        "slug": f"vendor/model-{i}",
+        "price_per_1m_prompt_usd": 0.1 * (i + 1),
+        "price_per_1m_output_usd": i,
+    }
+    for i, agent in enumerate(reversed(AGENTS))  # listed out of pool order: the service reorders
+]
+
+
+def request(url: str, body: bytes | None = None, method: str | None = None, timeout: float = 60) -> tuple[int, dict]:
+    """(status, JSON body) of one HTTP request; error statuses are answers too. A body that is
+    not JSON comes back as {"not_json": text}, which no test accepts as an answer."""
+    headers = {"content-type": "application/json"} if body is not None else {}
+    req = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, {"not_json": raw.decode("utf-8", "replace")}
+
+
+def route(service, queries, timeout: float = 60) -> tuple[int, dict]:
+    return request(service.url + "/v1/route", json.dumps({"queries": queries}).encode(), timeout=timeout)
+
+
+def same_result(got: dict, expected: dict) -> bool:
+    """The service's result is pick_agent's: same keys, pick and agent order; scores equal to
+    float32 rounding (a query's sums depend on which queries share its batch)."""
+    return (
+        list(got) == list(expected)
+        and got["picked_agent"] == expected["picked_agent"]
+        and got["agent_index"] == expected["agent_index"]
+        and list(got["logits"]) == list(expected["logits"])
+        and np.allclose(list(got["logits"].values()), list(expected["logits"].values()), atol=1e-4)
+        and np.allclose(list(got["probabilities"].values()), list(expected["probabilities"].values()), atol=1e-5)
+    )
+
+
+@pytest.fixture(scope="module")
+def expected_soon():
+    """pick_agent's answer for each query, one query at a time, worked out in a thread while the
+    services start (loading the router here takes seconds too)."""
+    with ThreadPoolExecutor(1) as worker:
+        yield worker.submit(lambda: {query: pick_agent(query) for query in QUERIES})
+
+
+@pytest.fixture(scope="module")
+def expected(expected_soon) -> dict[str, dict]:
+    return expected_soon.result()
+
+
+@pytest.fixture(scope="module")
+def pool_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("pool") / "agents.json"
+    path.write_text(json.dumps(POOL))
+    return path
+
+
+@pytest.fixture(scope="module")
+def blocking_child(tmp_path_factory):
+    """serve(blocking=True) in a child process on its own local Ray, started first so that it
+    comes up while the module's service does (test_sigterm_stops_a_blocking_service_cleanly)."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("blocking") / "serve.log"
+    script = (
+        "import logging; logging.basicConfig(level=logging.INFO);"
+        "from benchgen_router.serving import serve;"
+        f"serve(None, port={port}, ray_cpus=1)"
+    )
+    with log_path.open("wb") as log_file:
+        child = subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=PROJECT_ROOT,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        )
+    try:
+        yield child, port, log_path
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+@pytest.fixture(scope="module")
+def service(pool_file, blocking_child, expected_soon):
+    """The default router with 2 replicas (so one can be killed), small limits, on a local Ray
+    with a few spare CPUs for the Ray Data test's actor."""
+    running = serve(
+        None,
+        port=free_port(),
+        replicas=2,
+        max_batch_size=16,
+        batch_wait_ms=2,
+        pool_file=pool_file,
+        max_queries=MAX_QUERIES,
+        max_request_bytes=MAX_BYTES,
+        blocking=False,
+        ray_cpus=4,
+    )
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def ray_processes(besides: subprocess.Popen) -> list[psutil.Process]:
+    """The Ray processes this process started (raylet, GCS, workers, ...), not those of the child
+    process `besides` (it has a Ray of its own)."""
+    names = ("raylet", "gcs_server", "ray::", "default_worker", "dashboard", "log_monitor", "runtime_env")
+    theirs = {besides.pid}
+    with contextlib.suppress(psutil.NoSuchProcess):
+        theirs |= {p.pid for p in psutil.Process(besides.pid).children(recursive=True)}
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.pid not in theirs and any(name in " ".join(child.cmdline()) for name in names):
+                found.append(child)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing
+
+
+def test_route_answers_equal_pick_agent(service, expected):
+    status, body = route(service, QUERIES[:5])
+    assert status == 200
+    assert [r["picked_agent"] for r in body["results"]] == [expected[q]["picked_agent"] for q in QUERIES[:5]]
+    assert all(same_result(got, expected[q]) for got, q in zip(body["results"], QUERIES[:5], strict=True))
+    assert body["router"]["name"] == "default"
+    assert body["router"]["revision"].startswith("sha256:")
+
+
+def test_healthz_pool_and_openapi(service):
+    status, health = request(service.url + "/healthz")
+    assert status == 200 and health["status"] == "ok"
+    status, pool = request(service.url + "/v1/pool")
+    assert status == 200
+    assert [agent["id"] for agent in pool["agents"]] == AGENTS  # pool (logit) order, not the file's
+    by_id = {entry["agent_id"]: entry for entry in POOL}
+    for agent in pool["agents"]:
+        assert agent["slug"] == by_id[agent["id"]]["slug"]
+        assert agent["price_per_1m_prompt_usd"] == by_id[agent["id"]]["price_per_1m_prompt_usd"]
+        assert agent["price_per_1m_output_usd"] == by_id[agent["id"]]["price_per_1m_output_usd"]
+    status, schema = request(service.url + "/openapi.json")
+    assert status == 200
+    assert {"/v1/route", "/v1/pool", "/healthz"} <= set(schema["paths"])
+    body_schema = schema["paths"]["/v1/route"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body_schema["properties"]["queries"]["type"] == "array"
+    assert {"200", "400", "413", "422"} <= set(schema["paths"]["/v1/route"]["post"]["responses"])
+
+
+def test_pool_without_a_pool_file_and_pool_file_checks(tmp_path):
+    assert pool_for_router(AGENTS, None) == ([{"id": agent} for agent in AGENTS], None)
+    agents, problem = pool_for_router(AGENTS, [{"id": "frontier_a", "slug": "x"}])
+    assert agents == [] and "pass the pool file made for this router" in problem and "\n" not in problem
+    bad = tmp_path / "bad.json"
+    for content, words in (
+        ("{", "not readable JSON"),
+        ("{}", "non-empty JSON list"),
+        ('[{"slug": "x"}]', "no 'agent_id'"),
+        ('[{"agent_id": "a", "price_per_1m_prompt_usd": "cheap"}]', "non-numeric"),
+        ('[{"agent_id": "a"}, {"agent_id": "a"}]', "twice"),
+    ):
+        bad.write_text(content)
+        with pytest.raises(UsageError, match=words):
+            read_pool_file(bad)
+    with pytest.raises(UsageError, match="not found"):
+        read_pool_file(tmp_path / "missing.json")
+
+
+@pytest.mark.skipif(not (PILOT / "agents.json").exists(), reason="the pilot data (../shared) is not here")
+def test_the_pilot_pool_file_fits_the_default_router():
+    agents, problem = pool_for_router(AGENTS, read_pool_file(PILOT / "agents.json"))
+    assert problem is None and [agent["id"] for agent in agents] == AGENTS
+    assert all(isinstance(agent["slug"], str) and agent["price_per_1m_prompt_usd"] > 0 for agent in agents)
+
+
+BAD_REQUESTS = [
+    (b"{not json", 400, "not valid JSON"),
+    (b"\xff\xfe{}", 400, "not valid JSON"),
+    (b"[" * 2000 + b"]" * 2000, 400, "nested too deeply"),
+    (b'["a query"]', 400, "not an object"),
+    (b'"a query"', 400, "not an object"),
+    (b"{}", 422, 'no "queries"'),
+    (b'{"query": ["a"]}', 422, 'no "queries"'),
+    (b'{"queries": "a query"}', 422, "a string, not a list"),
+    (b'{"queries": {"a": 1}}', 422, "not a list"),
+    (b'{"queries": []}', 422, "empty"),
+    (b'{"queries": ["fine", 3]}', 422, "query 1 is not text"),
+    (b'{"queries": [null]}', 422, "query 0 is not text"),
+    (b'{"queries": [""]}', 422, "query 0 is empty"),
+    (b'{"queries": ["  \\n\\t "]}', 422, "query 0 is empty"),
+    (b'{"queries": ["\\ud800"]}', 422, "not valid UTF-8"),
+    (b'{"queries": ["fine", "\\u200b"]}', 422, "query 1 has no tokens"),
+    (b'{"queries": ["\\ufeff"]}', 422, "query 0 has no tokens"),
+    (b'{"queries": ["\\u0001"]}', 422, "query 0 has no tokens"),
+    (json.dumps({"queries": ["q"] * (MAX_QUERIES + 1)}).encode(), 413, f"limit of {MAX_QUERIES}"),
+    (json.dumps({"queries": ["x" * MAX_BYTES]}).encode(), 413, f"limit of {MAX_BYTES}"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "words"), BAD_REQUESTS, ids=[words for _, _, words in BAD_REQUESTS])
+def test_bad_requests_get_a_4xx_with_one_line(service, expected, body, status, words):
+    got_status, answer = request(service.url + "/v1/route", body)
+    assert got_status == status
+    assert list(answer) == ["error"] and words in answer["error"]
+    assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
+    status, answer = route(service, QUERIES[:1])
+    assert status == 200 and same_result(answer["results"][0], expected[QUERIES[0]])  # still answering
+
+
+def test_unknown_paths_and_methods_answer_in_the_same_format(service):
+    status, answer = request(service.url + "/v2/route")
+    assert status == 404 and list(answer) == ["error"] and "/docs" in answer["error"]
+    status, answer = request(service.url + "/v1/route")  # GET
+    assert status == 405 and list(answer) == ["error"]
+
+
+def test_bad_requests_never_fail_their_batch_mates(service, expected):
+    """Bad and good requests at once: the good ones (batched with each other) are all answered."""
+    bad = [b'{"queries": ["\\u200b"]}', b'{"queries": [""]}', b"{oops"]
+
+    def one(index: int) -> tuple[int, dict, str | None]:
+        if index % 3 == 0:
+            return (*request(service.url + "/v1/route", bad[index % len(bad)]), None)
+        query = QUERIES[index % len(QUERIES)]
+        return (*route(service, [query]), query)
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(one, range(48)))
+    for status, body, query in answers:
+        if query is None:
+            assert 400 <= status < 500 and "error" in body
+        else:
+            assert status == 200 and same_result(body["results"][0], expected[query])
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrency
+
+
+def test_concurrent_requests_equal_sequential_pick_agent(service, expected):
+    """200 requests of 1-3 queries from 16 threads: each answer is pick_agent's, in request order."""
+    rng = np.random.default_rng(3)
+    batches = [list(rng.choice(QUERIES, size=int(rng.integers(1, 4)))) for _ in range(200)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda queries: route(service, queries), batches))
+    assert all(status == 200 for status, _ in answers)
+    for queries, (_, body) in zip(batches, answers, strict=True):
+        assert len(body["results"]) == len(queries)
+        assert all(same_result(got, expected[q]) for got, q in zip(body["results"], queries, strict=True))
+
+
+def test_metrics_count_routed_queries_per_agent(service):
+    picks = Counter(r["picked_agent"] for r in route(service, QUERIES[:MAX_QUERIES])[1]["results"])
+    deadline = time.monotonic() + 30
+    counts: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(service.metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        counts = Counter()
+        for line in text.splitlines():
+            if line.startswith("ray_benchgen_router_routed_queries_total{"):
+                agent = line.split('agent="', 1)[1].split('"', 1)[0]
+                counts[agent] += float(line.rsplit(" ", 1)[1])
+        if counts and all(counts[agent] >= n for agent, n in picks.items()):
+            break
+        time.sleep(0.5)
+    assert set(counts) <= set(AGENTS)
+    assert all(counts[agent] >= n for agent, n in picks.items()), (counts, picks)
+    assert "ray_serve_num_http_requests_total" in text  # Ray Serve's own metrics, same endpoint
+    assert "ray_benchgen_router_rejected_requests_total" in text
+
+
+def test_a_killed_replica_is_replaced_while_the_other_answers(service, expected):
+    """Kill one of the two replicas under load: requests keep being answered, Ray Serve starts a
+    new replica, and afterwards every request succeeds again."""
+    replicas = [
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::")
+    ]
+    assert len(replicas) == 2
+    victim = ray.get_actor(replicas[0], namespace="serve")
+    outcomes: list[tuple[float, int]] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + 20  # bounded in time and count
+    killed_at: list[float] = []
+    failure_bodies: list[str] = []
+
+    def load(worker: int) -> None:
+        for index in range(400):
+            if time.monotonic() > stop_at:
+                return
+            query = QUERIES[(worker * 7 + index) % len(QUERIES)]
+            try:
+                status, body = route(service, [query], timeout=30)
+                ok = status == 200 and same_result(body["results"][0], expected[query])
+            except OSError as err:  # a dropped connection
+                status, ok, body = 0, False, {"connection": str(err)}
+            if not ok:
+                failure_bodies.append(json.dumps(body)[:200])
+            with lock:
+                outcomes.append((time.monotonic(), 200 if ok else status))
+            if (
+                killed_at
+                and time.monotonic() > killed_at[0] + 3
+                and sum(1 for t, s in outcomes if t > killed_at[0] + 3 and s == 200) >= 20
+            ):
+                return
+
+    threads = [threading.Thread(target=load, args=(w,)) for w in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    ray.kill(victim, no_restart=True)
+    killed_at.append(time.monotonic())
+    for thread in threads:
+        thread.join()
+    sent = len(outcomes)
+    answered = sum(1 for _, status in outcomes if status == 200)
+    after = [status for t, status in outcomes if t > killed_at[0]]
+    failures = Counter(status for _, status in outcomes if status != 200)
+    print(f"replica kill: sent {sent}, answered {answered}, failed {sent - answered} (by status: {dict(failures)})")
+    print(f"replica kill: first failure's body: {failure_bodies[:1]}")
+    assert sum(1 for status in after if status == 200) >= 20  # the other replica kept answering
+    assert sent - answered <= 12  # only requests in flight on the killed replica can fail
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        alive = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith("SERVE_REPLICA::")
+        ]
+        if len(alive) == 2 and replicas[0] not in alive:
+            break
+        time.sleep(0.5)
+    assert len(alive) == 2 and replicas[0] not in alive  # replaced, not restarted in place
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda q: route(service, [q])[0], QUERIES[:16]))
+    assert statuses == [200] * 16
+
+
+# ---------------------------------------------------------------------------------------------
+# Bulk routing with Ray Data
+
+
+def local_records(tmp_path: Path, source: Path) -> list[dict]:
+    out = tmp_path / "local.jsonl"
+    assert cli("route", "--input", source, "--output", out, "--quiet") in (0, 1)
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def same_records(got: list[dict], want: list[dict]) -> bool:
+    return len(got) == len(want) and all(
+        {k: v for k, v in a.items() if k not in ("logits", "probabilities")}
+        == {k: v for k, v in b.items() if k not in ("logits", "probabilities")}
+        and same_result(
+            {k: a[k] for k in b if k not in ("line", "id")}, {k: b[k] for k in b if k not in ("line", "id")}
+        )
+        for a, b in zip(got, want, strict=True)
+    )
+
+
+def test_ray_data_records_equal_the_local_engine(service, tmp_path, caplog):
+    pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
+    lines = [json.dumps({"id": i if i % 2 else f"task-{i}", "prompt": q}) for i, q in enumerate(QUERIES[:30])]
+    lines[4] = "{broken"
+    lines[9] = json.dumps({"id": 9, "prompt": "   "})
+    lines[12] = ""
+    source = tmp_path / "queries.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    want = local_records(tmp_path, source)
+    # Last, so the other lines keep their numbers: a query the tokenizer reduces to nothing
+    # (the local engine cannot route such a file at all) is skipped with its line.
+    source.write_text("\n".join([*lines, json.dumps({"id": 99, "prompt": "\u200b"})]) + "\n")
+
+    out = tmp_path / "ray.jsonl"
+    result = route_file_with_ray(source, out, actors=1, batch_size=8)
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["line"] for r in got] == sorted(r["line"] for r in got)  # input order
+    assert same_records(got, want)
+    assert result.routed == len(want) == 27
+    assert [line for line, _ in result.skipped] == [5, 10, 13, 31]
+    assert "no tokens" in result.skipped[-1][1]
+    assert "line 5: not valid JSON" in caplog.text
+    assert not list(tmp_path.glob(".ray.jsonl.*"))  # no temporary file left
+
+
+def test_ray_data_reads_parquet(service, tmp_path, expected):
+    pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [*QUERIES[:6], None, ""]
+    pq.write_table(pa.table({"task_id": [f"t{i}" for i in range(len(texts))], "query": texts}), tmp_path / "q.parquet")
+    out = tmp_path / "out.jsonl"
+    result = route_file_with_ray(tmp_path / "q.parquet", out, actors=1)
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["line"], r["id"]) for r in got] == [(i + 1, f"t{i}") for i in range(6)]
+    assert all(
+        same_result({k: r[k] for k in r if k not in ("line", "id")}, expected[q])
+        for r, q in zip(got, QUERIES, strict=False)
+    )
+    assert result.skipped == [(7, "'query' is not text (got NoneType)"), (8, "'query' is empty")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Startup refusals and shutdown (last: they stop the module's service)
+
+
+def test_a_pool_file_that_does_not_fit_the_router_is_refused(service, tmp_path):
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps([{"agent_id": "someone_else", "slug": "x"}]))
+    with pytest.raises(UsageError) as refusal:
+        serve(None, pool_file=wrong, blocking=False)  # joins this process's Ray: replaces the app
+    message = str(refusal.value)
+    assert "someone_else" in message and "frontier_a" in message and "\n" not in message
+    assert APP_NAME not in ray.serve.status().applications  # refused: nothing left deployed
+
+
+def test_shutdown_leaves_no_ray_process(service, blocking_child):
+    child = blocking_child[0]
+    assert ray_processes(besides=child)  # the module's Ray is running
+    service.close()
+    assert not ray.is_initialized()
+    deadline = time.monotonic() + 30
+    while ray_processes(besides=child) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ray_processes(besides=child) == []
+
+
+def test_sigterm_stops_a_blocking_service_cleanly(blocking_child):
+    """serve(blocking=True) in its own process, as the command line runs it: up, answering, then
+    SIGTERM: exit 0 with every Ray process it started gone."""
+    child, port, log_path = blocking_child
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            if request(f"http://127.0.0.1:{port}/healthz", timeout=5)[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    assert child.poll() is None, log_path.read_text()[-2000:]
+    status, pool = request(f"http://127.0.0.1:{port}/v1/pool")
+    assert status == 200 and pool["agents"] == [{"id": agent} for agent in AGENTS]  # no pool file: ids
+    started = psutil.Process(child.pid).children(recursive=True)
+    assert any("raylet" in " ".join(p.cmdline()) for p in started)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == 0
+    log = log_path.read_text()
+    assert "stopping (SIGTERM)" in log
+    assert "Traceback" not in log
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert alive == [], [p.pid for p in alive]
