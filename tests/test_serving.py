@@ -446,6 +446,17 @@ def test_ray_data_records_equal_the_local_engine(service, tmp_path, caplog):
     assert not list(tmp_path.glob(".ray.jsonl.*"))  # no temporary file left
 
 
+def test_route_engine_ray_on_the_command_line_equals_the_local_engine(service, tmp_path):
+    pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
+    source = tmp_path / "q.txt"
+    source.write_text("\n".join(QUERIES[:6]) + "\n\n")  # a blank last line: skipped by both engines
+    want = local_records(tmp_path, source)
+    out = tmp_path / "ray.jsonl"
+    assert cli("route", "--engine", "ray", "--input", source, "--output", out, "--actors", "1", "--quiet") == 1
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert same_records(got, want) and [r["line"] for r in got] == [1, 2, 3, 4, 5, 6]
+
+
 def test_ray_data_reads_parquet(service, tmp_path, expected):
     pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
     import pyarrow as pa
