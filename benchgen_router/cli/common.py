@@ -21,26 +21,24 @@ EXIT_CODES_HELP = (
 )
 
 
-def positive_int(value: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
+def integer_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum, or a usage error that says so."""
+    wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {value!r}") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {value}")
+        return number
+
+    return parse
 
 
-def non_negative_int(value: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return number
+positive_int = integer_at_least(1)
+non_negative_int = integer_at_least(0)
 
 
 def add_batching_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
