@@ -349,10 +349,18 @@ def embed_everything() -> dict[str, np.ndarray | list[str]]:
     queries, groups = read_ood_queries()
     model, tokenizer = load_router(None)
     started = time.perf_counter()
-    _, pilot = run_router(model, tokenizer, [task["prompt"] for task in tasks])
+    pilot_logits, pilot = run_router(model, tokenizer, [task["prompt"] for task in tasks])
     pilot_seconds = time.perf_counter() - started
-    _, outside = run_router(model, tokenizer, queries)
-    return {"pilot": pilot, "ood": outside, "groups": groups, "pilot_seconds": pilot_seconds, "tasks": tasks}
+    ood_logits, outside = run_router(model, tokenizer, queries)
+    return {
+        "pilot": pilot,
+        "ood": outside,
+        "groups": groups,
+        "tasks": tasks,
+        "pilot_seconds": pilot_seconds,
+        "pilot_picks": pilot_logits.argmax(1),
+        "ood_picks": ood_logits.argmax(1),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -500,12 +508,11 @@ def report(seeds: int) -> None:
         f"OAS weight {shipped.metadata['shrinkage_weight']}, n_fit {shipped.metadata['n_fit']}, "
         f"n_calibration {shipped.metadata['n_calibration']}, flags {shipped.flags(outside).mean():.3f} of the OOD set"
     )
-    picks = model.config.id2label
-    logits, _ = run_router(model, tokenizer, queries)
+    agent_names = list(model.config.id2label.values())
     plain = np.isin(groups, PLAIN_GROUPS)
-    counts = np.bincount(logits.argmax(1)[plain], minlength=len(picks))
-    shares = dict(zip(picks.values(), counts.tolist(), strict=True))
-    print(f"router's picks on the {plain.sum()} plain OOD queries: {shares}")
+    for label, picks in (("pilot prompts", data["pilot_picks"]), ("plain OOD queries", data["ood_picks"][plain])):
+        counts = np.bincount(picks, minlength=len(agent_names)).tolist()
+        print(f"router's picks on the {len(picks)} {label}: {dict(zip(agent_names, counts, strict=True))}")
 
     rewards = read_jsonl(PILOT / "rewards.jsonl", "rewards")
     agents = rewards[0]["agent_order"]
