@@ -95,7 +95,7 @@ def precision_from_covariance(covariance: np.ndarray) -> np.ndarray:
     try:
         lower = np.linalg.cholesky(covariance)
     except np.linalg.LinAlgError:
-        raise UsageError("the covariance is not positive definite; fit it with shrinkage_covariance().") from None
+        raise UsageError("the covariance is not positive definite; fit it with shrunk_covariance().") from None
     inverse_lower = np.linalg.solve(lower, np.eye(len(covariance)))
     precision = inverse_lower.T @ inverse_lower
     return (precision + precision.T) / 2.0
