@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from router_utils import UsageError, atomic_output, first_line
+from benchgen_router.errors import UsageError, first_line
+from benchgen_router.files import atomic_output
 
 GUARD_FORMAT = "benchgen-router-ood-guard/1"
 MEAN_KEY = "ood_mean"

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PILOT  # first, also when run as a script: the project root on sys.path, offline, private HF_HOME
-
-# isort: split
 from benchgen_router import ood
-from router_utils import UsageError, load_router, read_jsonl, run_router
+from benchgen_router.errors import UsageError
+from benchgen_router.files import read_jsonl
+from benchgen_router.loading import load_router
+from benchgen_router.routing import run_router
+from helpers import PILOT
 
 OOD_QUERIES = Path(ood.__file__).resolve().parent / "data" / "ood_queries.jsonl"
 # Groups that are plainly not benchmark items: the guard must flag >= 95% of them.
