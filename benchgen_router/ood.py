@@ -504,3 +504,143 @@ def fallback_agent(rewards: np.ndarray, costs: np.ndarray | None = None, toleran
         raise UsageError(f"tolerance must be a non-negative reward difference; got {tolerance}.")
     eligible = np.flatnonzero(mean_reward >= best - tolerance - 1e-12)
     return int(min(eligible, key=lambda agent: (price[agent], -mean_reward[agent], agent)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer's guard: fitted on the task pool, stored next to head_weights.npy
+
+GUARD_FILE = "ood_guard.safetensors"  # next to head_weights.npy in a trainer's output folder
+PACKAGED_OOD_QUERIES = Path(__file__).resolve().parent / "data" / "ood_queries.jsonl"
+DEFAULT_CALIBRATION_SHARE = 0.3
+DEFAULT_SPLIT_SEED = 0
+
+
+def read_ood_queries(path: str | Path = PACKAGED_OOD_QUERIES) -> tuple[list[str], list[str]]:
+    """(queries, groups) of an out-of-distribution query set: JSONL rows with "query" and "group"."""
+    from benchgen_router.files import read_jsonl
+
+    rows = read_jsonl(path, "OOD query set")
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row.get("query"), str) or not row["query"].strip() or not isinstance(row.get("group"), str):
+            raise UsageError(f"OOD query set {path}: row {number} needs a non-empty 'query' and a 'group' string.")
+    if not rows:
+        raise UsageError(f"OOD query set {path} holds no queries.")
+    return [row["query"] for row in rows], [row["group"] for row in rows]
+
+
+def min_prompts_to_calibrate(keep_share: float, calibration_share: float = DEFAULT_CALIBRATION_SHARE) -> int:
+    """The fewest in-distribution prompts whose calibration part can calibrate keep_share."""
+    needed = math.ceil(keep_share / (1.0 - keep_share))
+    return math.ceil(needed / calibration_share) + 1
+
+
+@dataclass
+class TrainedGuard:
+    """What the trainer fits: the guard, the agent that answers flagged queries, and the record the
+    manifest keeps (`ood_guard`)."""
+
+    guard: OODGuard
+    fallback_agent: str
+    record: dict[str, object]
+
+
+def train_guard(
+    embeddings: np.ndarray,
+    train_rewards: np.ndarray,
+    agents: Sequence[str],
+    keep_share: float = DEFAULT_KEEP_SHARE,
+    seed: int = DEFAULT_SPLIT_SEED,
+    calibration_share: float = DEFAULT_CALIBRATION_SHARE,
+    costs: np.ndarray | None = None,
+    tolerance: float = 0.0,
+    metadata: Mapping[str, str] | None = None,
+) -> TrainedGuard:
+    """Fit the guard on a seeded split of in-distribution prompt embeddings (every prompt of the task
+    pool, labelled or not), calibrate it on the held-out part to keep `keep_share`, and pick the
+    fallback agent from the training rows' rewards (fallback_agent(); with `costs`, one per agent in
+    `agents` order, the cheapest within `tolerance` of the best)."""
+    rows = _as_matrix(embeddings, "embeddings")
+    fit_rows, calibration_rows = split_indices(len(rows), (1.0 - calibration_share, calibration_share), seed)
+    fallback = agents[fallback_agent(train_rewards, costs, tolerance)]
+    info = {
+        "split_seed": str(seed),
+        "calibration_share": f"{calibration_share}",
+        "fallback_agent": fallback,
+        **(metadata or {}),
+    }
+    guard = fit_guard(rows[fit_rows], rows[calibration_rows], keep_share, metadata=info)
+    kept = float((~guard.flags(rows[calibration_rows])).mean())
+    record: dict[str, object] = {
+        "file": GUARD_FILE,
+        "score": guard.metadata["score"],
+        "threshold": guard.threshold,
+        "fallback_agent": fallback,
+        "fallback_rule": "best fixed agent on the training rows"
+        if costs is None
+        else f"cheapest agent within {tolerance} of the best mean reward on the training rows",
+        "keep_share": keep_share,
+        "calibration_rule": CALIBRATION_RULE,
+        "n_prompts": len(rows),
+        "n_fit": len(fit_rows),
+        "n_calibration": len(calibration_rows),
+        "calibration_kept_share": kept,
+        "split_seed": seed,
+        "shrinkage": guard.metadata["shrinkage"],
+        "shrinkage_weight": float(guard.metadata["shrinkage_weight"]),
+    }
+    return TrainedGuard(guard, fallback, record)
+
+
+def guard_statistics_file(weights_path: str | Path, explicit: str | Path | None = None) -> Path | None:
+    """The statistics a release carries: `explicit` if given (it must exist), else GUARD_FILE next to
+    head_weights.npy when present, else None (a release without a guard)."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise UsageError(f"OOD statistics not found: {path}; pass the ood_guard.safetensors the trainer wrote.")
+        return path
+    beside = Path(weights_path).parent / GUARD_FILE
+    return beside if beside.is_file() else None
+
+
+def check_fallback_agent(agent: object, agents: Sequence[str], source: str) -> str:
+    """The fallback agent if it is one of the pool's `agents`; one UsageError line otherwise."""
+    if agent not in agents:
+        raise UsageError(
+            f"OOD statistics {source}: fallback agent {agent!r} is not in agent_order {list(agents)}; "
+            "refit the guard for this pool (or name a pool agent as ood_guard.fallback_agent in the manifest)."
+        )
+    return str(agent)
+
+
+def evaluate_guard(
+    guard_scores: Callable[[np.ndarray], np.ndarray],
+    threshold: float,
+    in_embeddings: np.ndarray,
+    ood_embeddings: np.ndarray,
+    ood_groups: Sequence[str],
+    in_rows: str,
+) -> dict[str, object]:
+    """AUROC of in-distribution against all OOD queries and per group, the share flagged per group at
+    the threshold, and the share of the in-distribution rows kept. `in_rows` says which rows those are."""
+    inside = np.asarray(guard_scores(in_embeddings), dtype=np.float64)
+    outside = np.asarray(guard_scores(ood_embeddings), dtype=np.float64)
+    groups = np.asarray(list(ood_groups))
+    per_group = {}
+    for group in dict.fromkeys(ood_groups):
+        scores = outside[groups == group]
+        per_group[str(group)] = {
+            "queries": len(scores),
+            "auroc": auroc(inside, scores),
+            "flagged_share": float((scores > threshold).mean()),
+        }
+    return {
+        "threshold": float(threshold),
+        "in_distribution_rows": in_rows,
+        "in_distribution_count": len(inside),
+        "in_distribution_kept_share": float((inside <= threshold).mean()),
+        "ood_queries": len(outside),
+        "ood_flagged_share": float((outside > threshold).mean()),
+        "auroc": auroc(inside, outside),
+        "groups": per_group,
+    }
