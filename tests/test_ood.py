@@ -9,6 +9,7 @@ Run as a script to print the measured tables of docs/ood-guard.md (from the proj
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -16,13 +17,26 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from benchgen_router import ood
+from benchgen_router import ood, routing
+from benchgen_router.convert import convert_release as convert_release_api
 from benchgen_router.errors import UsageError
 from benchgen_router.files import read_jsonl
 from benchgen_router.loading import load_router
 from benchgen_router.routing import run_router
-from helpers import PILOT
+from helpers import (
+    AGENTS,
+    PILOT,
+    RESULT_KEYS,
+    cli,
+    convert_release,
+    make_queries,
+    run_tool,
+    synthetic_rows,
+    write_jsonl,
+    write_release,
+)
 
 OOD_QUERIES = Path(ood.__file__).resolve().parent / "data" / "ood_queries.jsonl"
 # Groups that are plainly not benchmark items: the guard must flag >= 95% of them.
@@ -166,7 +180,6 @@ def test_knn_cosine_scores_rank_by_angle():
 def test_torch_snippet_matches_numpy(synthetic):
     """The computation the model's forward runs on stored tensors (the snippet handed to the model
     code) flags exactly what the numpy guard flags, in float32."""
-    torch = pytest.importorskip("torch")
     guard = ood.fit_guard(synthetic["draw"](600, 1), synthetic["draw"](300, 2))
     queries = np.concatenate([synthetic["draw"](300, 4), synthetic["subtle"], synthetic["far"]])
     tensors = {key: torch.from_numpy(value) for key, value in guard.tensors().items()}
@@ -325,6 +338,185 @@ def test_fallback_agent_is_the_best_fixed_or_the_cheapest_near_it():
         ood.fallback_agent(rewards, costs[:3])
     with pytest.raises(UsageError, match="non-empty"):
         ood.fallback_agent(np.zeros((0, 4)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The guard inside the router: converter, model, results, pick_agent, pipeline, CLI (tiny backbone)
+
+IN_QUERIES = make_queries(200, seed=3)  # the kind of text the tiny routers' guard is fitted on
+FOREIGN = ["日本語の質問です。今日は何曜日ですか？" * 3, "Привет! Как дела? Что ты делаешь сегодня вечером?" * 2]
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory, converted, backbone_dir):
+    """One release, converted without and with a guard fitted on embeddings the plain router computed
+    once for the module: {"plain", "guarded"} folders, the release, the guard and the embeddings."""
+    plain, _ = converted[0]
+    model, tokenizer = load_router(str(plain))
+    logits, embeddings = run_router(model, tokenizer, IN_QUERIES + FOREIGN)
+    folder = tmp_path_factory.mktemp("guarded")
+    manifest, weights = write_release(folder / "release", 32, 0, seed=0, backbone=str(backbone_dir))
+    rewards = np.random.default_rng(0).uniform(size=(20, len(AGENTS)))
+    rewards[:, AGENTS.index("open_mid")] += 1.0  # the best fixed agent, so the fallback is known
+    trained = ood.train_guard(embeddings[:150], rewards, AGENTS)
+    ood.save_guard(folder / "release" / ood.GUARD_FILE, trained.guard)
+    out = convert_release(manifest, weights, folder / "router", backbone_dir)
+    return {
+        "plain": plain,
+        "guarded": out,
+        "release": (manifest, weights),
+        "trained": trained,
+        "logits": logits,
+        "embeddings": embeddings,
+        "folder": folder,
+    }
+
+
+def test_converted_guard_flags_foreign_queries_and_keeps_held_out_ones(guarded):
+    trained = guarded["trained"]
+    assert trained.fallback_agent == "open_mid"
+    model, tokenizer = load_router(str(guarded["guarded"]))
+    assert model.guards_queries and model.config.ood_fallback_agent == "open_mid"
+    assert float(model.ood_threshold) == pytest.approx(trained.guard.threshold)
+    logits, embeddings = run_router(model, tokenizer, IN_QUERIES + FOREIGN)
+    assert np.array_equal(logits, guarded["logits"])  # the guard never changes the head's scores
+    scores = routing.ood_scores_of(model, embeddings)
+    assert np.abs(scores - trained.guard.scores(embeddings)).max() <= 1e-4 * scores.max()  # torch == numpy
+    flagged = scores > float(model.ood_threshold)
+    assert flagged[-len(FOREIGN) :].all()
+    assert flagged[150:200].mean() <= 0.2  # held-out in-distribution queries are mostly kept
+
+
+def test_flagged_query_goes_to_the_fallback_everywhere(guarded):
+    from transformers import AutoModel, AutoTokenizer, pipeline
+
+    folder = str(guarded["guarded"])
+    query, kept_query = FOREIGN[0], IN_QUERIES[160]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    output = model(**tokenizer([query, kept_query], return_tensors="pt", padding=True))
+    assert output.out_of_distribution.tolist()[0] is True and output.ood_scores.shape == (2,)
+    head_choice = AGENTS[int(output.logits[0].argmax())]
+
+    picked = routing.pick_agent([query, kept_query], model=folder)
+    assert picked[0]["out_of_distribution"] is True and picked[0]["picked_agent"] == "open_mid"
+    assert picked[0]["agent_index"] == AGENTS.index("open_mid") and picked[0]["head_pick"] == head_choice
+    assert picked[0]["ood_score"] == pytest.approx(float(output.ood_scores[0]), rel=1e-5)
+    assert picked[1]["out_of_distribution"] is (float(output.ood_scores[1]) > float(model.ood_threshold))
+    assert "head_pick" not in picked[1] or picked[1]["out_of_distribution"]
+
+    # the pipeline only sees logits: it returns the head's scores, without the fallback (documented)
+    router = pipeline("text-classification", model=folder, trust_remote_code=True)
+    assert router(query)[0]["label"] == head_choice
+
+
+@pytest.mark.xfail(reason="benchgen-router route builds its results with routing.results_for", strict=True)
+def test_route_json_returns_the_fallback_for_a_flagged_query(guarded):
+    result = run_tool("route", "--model", guarded["guarded"], "--json", FOREIGN[0])
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout.splitlines()[0])
+    assert printed["out_of_distribution"] is True and printed["picked_agent"] == "open_mid"
+
+
+def test_checkpoint_without_statistics_routes_exactly_as_before(guarded):
+    model, tokenizer = load_router(str(guarded["plain"]))
+    assert not model.config.has_ood_guard and not model.guards_queries
+    assert not any(name.startswith("ood_") for name, _ in model.named_buffers())
+    output = model(**tokenizer(FOREIGN, return_tensors="pt", padding=True))
+    assert output.ood_scores is None and output.out_of_distribution is None
+    logits, embeddings = run_router(model, tokenizer, IN_QUERIES + FOREIGN)
+    assert np.array_equal(logits, guarded["logits"])
+    results = routing.results_for(model, logits, embeddings)
+    assert results == routing.results_from_logits(logits, AGENTS)
+    assert all(set(result) == RESULT_KEYS for result in results)
+    alone, _ = run_router(model, tokenizer, FOREIGN)  # batched as pick_agent batches them
+    assert routing.pick_agent(FOREIGN, model=str(guarded["plain"])) == routing.results_from_logits(alone, AGENTS)
+    config = json.loads((guarded["plain"] / "config.json").read_text())
+    assert config["ood_threshold"] is None
+    assert "Out-of-distribution guard" not in (guarded["plain"] / "README.md").read_text()
+
+
+def test_config_switch_turns_a_present_guard_off(guarded):
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(guarded["guarded"]), trust_remote_code=True, ood_guard=False)
+    assert model.config.has_ood_guard and not model.guards_queries
+    _, tokenizer = load_router(str(guarded["guarded"]))
+    output = model(**tokenizer(FOREIGN, return_tensors="pt", padding=True))
+    assert output.ood_scores is None and output.out_of_distribution is None
+    logits, embeddings = run_router(model, tokenizer, FOREIGN)
+    assert routing.results_for(model, logits, embeddings) == routing.results_from_logits(logits, AGENTS)
+
+
+def test_saving_and_bundling_keep_the_statistics(guarded, tmp_path, backbone_dir):
+    from transformers import AutoModel
+
+    model, tokenizer = load_router(str(guarded["guarded"]))
+    model.save_pretrained(tmp_path / "saved")
+    reloaded = AutoModel.from_pretrained(str(tmp_path / "saved"), trust_remote_code=True)
+    for name in ("ood_mean", "ood_precision", "ood_threshold"):
+        assert torch.equal(getattr(reloaded, name), getattr(model, name))
+    manifest, weights = guarded["release"]
+    bundled = convert_release_api(manifest, weights, tmp_path / "bundled", backbone=str(backbone_dir), bundle=True)
+    loaded, _ = load_router(str(bundled))
+    assert loaded.config.bundled_backbone and loaded.guards_queries
+    assert torch.equal(loaded.ood_precision, model.ood_precision) and loaded.ood_precision.dtype == torch.float32
+    output = loaded(**tokenizer(FOREIGN, return_tensors="pt", padding=True))
+    assert output.out_of_distribution.all()
+
+
+def _stats(tensors: dict[str, np.ndarray], path: Path, metadata: dict[str, str] | None = None) -> Path:
+    if path.suffix == ".npz":
+        np.savez(path, **tensors)
+        return path
+    return _write_safetensors(path, tensors, metadata)
+
+
+@pytest.mark.parametrize(
+    "case, change, name, message",
+    [
+        ("wrong shape", lambda t: {**t, "ood_mean": t["ood_mean"][:-1]}, "s.safetensors", "do not fit 32-d"),
+        ("NaN", lambda t: {**t, "ood_precision": t["ood_precision"] * np.nan}, "s.safetensors", "NaN"),
+        ("not PD", lambda t: {**t, "ood_precision": _non_positive_definite(t["ood_precision"])}, "s.npz", "definite"),
+        ("pickled", None, "s.npy", "pickled"),
+        ("unknown fallback", lambda t: t, "s.safetensors", "fallback agent 'gpt_x' is not in agent_order"),
+    ],
+)
+def test_converter_refuses_bad_statistics_and_writes_nothing(
+    guarded, tmp_path, backbone_dir, case, change, name, message
+):
+    manifest, weights = guarded["release"]
+    path = tmp_path / name
+    if change is None:
+        np.save(path, np.array([{"ood_mean": 1}], dtype=object), allow_pickle=True)
+    else:
+        _stats(change(guarded["trained"].guard.tensors()), path, {"fallback_agent": "gpt_x"})
+    out = tmp_path / "router"
+    code = cli(
+        "convert", "--manifest", manifest, "--weights", weights, "--output-dir", out, "--ood-stats", path,
+        "--backbone", backbone_dir,
+    )  # fmt: skip
+    assert code == 2
+    assert not out.exists()
+    with pytest.raises(UsageError, match=message) as caught:
+        convert_release_api(manifest, weights, out, backbone=str(backbone_dir), ood_stats=path)
+    assert "\n" not in str(caught.value) and not out.exists()
+
+
+def test_evaluate_reports_the_guard_on_the_ood_set(guarded, tmp_path):
+    queries = tmp_path / "ood.jsonl"
+    write_jsonl(queries, [{"query": q, "group": "foreign"} for q in FOREIGN] + [{"query": "x y z", "group": "odd"}])
+    rewards, tasks = synthetic_rows(count=14)
+    result = run_tool(
+        "evaluate", "--model", guarded["guarded"], "--rewards", write_jsonl(tmp_path / "r.jsonl", rewards),
+        "--tasks", write_jsonl(tmp_path / "t.jsonl", tasks), "--ood-queries", queries,
+        "--output-json", tmp_path / "eval.json", "--no-progress",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "eval.json").read_text())["ood_guard"]
+    assert record["groups"]["foreign"] == {"queries": 2, "auroc": pytest.approx(1.0), "flagged_share": 1.0}
+    assert record["in_distribution_count"] == 14 and "14 evaluated prompts" in record["in_distribution_rows"]
+    assert "out-of-distribution guard" in result.stdout and "foreign" in result.stdout
 
 
 # ---------------------------------------------------------------------------------------------
