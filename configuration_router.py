@@ -123,9 +123,10 @@ class RouterConfig(PretrainedConfig):
         self.ood_calibration = ood_calibration or {}
         self.training = training or {}
         super().__init__(**kwargs)
-        if self.ood_threshold is not None and ood_fallback_agent not in self.label2id:
+        pool = list((self.id2label or {}).values())
+        if self.ood_threshold is not None and ood_fallback_agent not in pool:
             raise ValueError(
-                f"ood_fallback_agent {ood_fallback_agent!r} is not an agent of this pool {list(self.label2id)}; "
+                f"ood_fallback_agent {ood_fallback_agent!r} is not an agent of this pool {pool}; "
                 "name the agent that answers flagged queries."
             )
 
