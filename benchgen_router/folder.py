@@ -172,8 +172,8 @@ def guard_section(config: Any) -> str:
             f"| AUROC, in-distribution vs all {_text(evaluation.get('ood_queries'))} OOD queries | "
             f"{_number(evaluation.get('auroc'))} |",
             "",
-            f"Measured on {_text(evaluation.get('ood_queries_file'))} (in distribution: "
-            f"{_text(evaluation.get('in_distribution_rows'))}):",
+            f"Measured on `{_text(evaluation.get('ood_queries_file'))}`; in distribution: "
+            f"{_text(evaluation.get('in_distribution_rows'))}.",
             "",
             "| OOD group | queries | flagged | AUROC |",
             "| --- | ---: | ---: | ---: |",

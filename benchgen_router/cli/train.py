@@ -263,8 +263,9 @@ def run(args: argparse.Namespace) -> int:
     card_note = read_card_note(args.card_note)
     if args.export is not None:
         check_output_folder(args.export, overwrite=False)  # before the work, so a bad folder costs nothing
+    reward_rows = load_rows(args.rewards, "rewards")  # rewards first: their errors are reported first
     task_rows = load_rows(args.tasks, "tasks")
-    data = join_rewards(load_rows(args.rewards, "rewards"), task_rows)
+    data = join_rewards(reward_rows, task_rows)
     test, how = held_out_mask(data, args.test_split, args.seed)
 
     # The data are good: now the heavy imports (torch, transformers).
@@ -397,7 +398,7 @@ def fit_task_guard(args: argparse.Namespace, task_rows: list[dict[str, Any]], da
             vectors[np.asarray(calibration_rows)],
             outside,
             groups,
-            "the task prompts of the calibration split (not used to fit the statistics)",
+            f"the {len(calibration_rows)} task prompts of the calibration split, not used to fit the statistics",
         )
         trained.record["evaluation"]["ood_queries_file"] = queries_file.name
     return trained
