@@ -1,8 +1,8 @@
 """BenchGen Router Lite: pick which agent of a pool should answer a query.
 
 query -> frozen backbone (last hidden state) -> masked mean pool (float32) -> head -> one logit per agent.
-A router may also carry an out-of-distribution guard (OODGuard): statistics of the embeddings it was
-trained on, which flag queries unlike them so that a fallback agent can answer those.
+A router may also carry an out-of-distribution guard (RouterModel.ood_scores): statistics of the
+embeddings it was trained on, which flag queries unlike them so that a fallback agent answers those.
 
 This file is executed by users through `trust_remote_code=True`. It imports only torch,
 safetensors and transformers, opens no network connection of its own (backbone weights come
