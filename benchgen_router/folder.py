@@ -138,6 +138,66 @@ def figure_rows(training: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def guard_section(config: Any) -> str:
+    """The card's section on the out-of-distribution guard (empty for a router without one), from
+    config.ood_calibration: the calibration and, when the trainer measured it, the OOD query set."""
+    if getattr(config, "ood_threshold", None) is None:
+        return ""
+    record = config.ood_calibration if isinstance(config.ood_calibration, dict) else {}
+    fallback = _text(config.ood_fallback_agent)
+    lines = [
+        "## Out-of-distribution guard",
+        "",
+        "Queries unlike the prompts the head was trained for (another language, another domain) get a close to",
+        "arbitrary pick from the head, so the router flags them and names a fallback agent. The score is the",
+        "squared Mahalanobis distance of the query's unit-length embedding to the mean of in-distribution",
+        "prompts (shrinkage covariance, stored as `ood_mean` and `ood_precision` in `model.safetensors`); a",
+        f"query whose score exceeds the threshold {_number(config.ood_threshold)} is flagged and goes to `{fallback}`.",
+        "",
+        "| | |",
+        "| --- | ---: |",
+        f"| fallback agent | `{fallback}`"
+        + (f" ({_text(record['fallback_rule'])})" if "fallback_rule" in record else "")
+        + " |",
+        f"| keep share targeted | {_text(record.get('keep_share'))} |",
+        f"| prompts (fit / calibration) | {_text(record.get('n_fit'))} / {_text(record.get('n_calibration'))} |",
+        f"| calibration prompts kept | {_number(record.get('calibration_kept_share'))} |",
+    ]
+    evaluation = record.get("evaluation") if isinstance(record.get("evaluation"), dict) else {}
+    groups = evaluation.get("groups") if isinstance(evaluation.get("groups"), dict) else {}
+    if groups:
+        lines += [
+            f"| in-distribution kept ({_text(evaluation.get('in_distribution_count'))} prompts) | "
+            f"{_number(evaluation.get('in_distribution_kept_share'))} |",
+            f"| AUROC, in-distribution vs all {_text(evaluation.get('ood_queries'))} OOD queries | "
+            f"{_number(evaluation.get('auroc'))} |",
+            "",
+            f"Measured on `{_text(evaluation.get('ood_queries_file'))}`; in distribution: "
+            f"{_text(evaluation.get('in_distribution_rows'))}.",
+            "",
+            "| OOD group | queries | flagged | AUROC |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for group, figures in groups.items():
+            figures = figures if isinstance(figures, dict) else {}
+            lines.append(
+                f"| {_text(group)} | {_text(figures.get('queries'))} | {_number(figures.get('flagged_share'))} | "
+                f"{_number(figures.get('auroc'))} |"
+            )
+    lines += [
+        "",
+        "`model(**inputs)` returns `ood_scores` and `out_of_distribution` next to the logits (which stay the",
+        "head's). `pick_agent` and `benchgen-router route` apply the fallback: a flagged result has",
+        '`"out_of_distribution": true`, the fallback as `picked_agent` and the head\'s choice as `head_pick`.',
+        "The text-classification pipeline only sees the logits: it returns the head's scores and does **not**",
+        "apply the fallback. `AutoModel.from_pretrained(..., trust_remote_code=True, ood_guard=False)` switches",
+        "the guard off. It does not catch off-domain questions inside the benchmark's answer-format wrapper.",
+        "",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def render_card(
     config: Any, backbone: str, revision: str | None, note: str | None = None, repo: str = "<this repo>"
 ) -> str:
@@ -176,6 +236,7 @@ def render_card(
         "repo": repo,
         "truncation_length": config.truncation_length,
         "card_note": f"\n{note.strip()}\n" if note and note.strip() else "",
+        "guard_section": guard_section(config),
     }
     card = string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(values)
     return re.sub(r"\n\n+(?=license:)", "\n", card)  # no blank line where base_model was left out

@@ -46,6 +46,7 @@ PROJECT_KEYS = (
     "cross_validation",
     "cma",
     "timings",
+    "ood_guard",
 )
 # Copied into config.training (provenance shown on the card; nothing at inference reads it). The
 # search history stays in the manifest: it is long and says nothing a router user needs.

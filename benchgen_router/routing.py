@@ -6,6 +6,9 @@
 
 Each result: {"picked_agent": agent id, "agent_index": its position in the pool, "probabilities":
 {agent: softmax of the logits}, "logits": {agent: raw head score}}, agents in the pool's order.
+A router with an out-of-distribution guard adds "out_of_distribution" (bool) and "ood_score"
+(float); a flagged query's "picked_agent" / "agent_index" are the fallback agent, and "head_pick"
+keeps the head's own choice. Every path builds its results with results_for().
 """
 
 from __future__ import annotations
@@ -164,6 +167,40 @@ def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[
     return results
 
 
+def ood_scores_of(model: Any, embeddings: np.ndarray) -> np.ndarray | None:
+    """The guard's scores (n,) float32 of pooled embeddings, computed by the model itself (its own
+    buffers and code, so every path agrees with forward()); None when it has no active guard."""
+    if not getattr(model, "guards_queries", False):
+        return None
+    import torch
+
+    with torch.inference_mode():
+        return model.ood_scores(torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32))).cpu().numpy()
+
+
+def results_for(model: Any, logits: np.ndarray, embeddings: np.ndarray) -> list[dict[str, Any]]:
+    """The result dicts of routed queries: results_from_logits() as it is when the router has no
+    guard (or `config.ood_guard` is False). With a guard, each dict also holds "out_of_distribution"
+    and "ood_score"; a flagged query goes to `config.ood_fallback_agent` ("picked_agent",
+    "agent_index") and "head_pick" names the head's own choice."""
+    agents = model.config.agent_order
+    results = results_from_logits(logits, agents)
+    scores = ood_scores_of(model, embeddings)
+    if scores is None:
+        return results
+    threshold = float(model.ood_threshold.float())
+    fallback = model.config.ood_fallback_agent
+    for result, score in zip(results, scores, strict=True):
+        flagged = bool(score > threshold)
+        result["out_of_distribution"] = flagged
+        result["ood_score"] = float(score)
+        if flagged:
+            result["head_pick"] = result["picked_agent"]
+            result["picked_agent"] = fallback
+            result["agent_index"] = agents.index(fallback)
+    return results
+
+
 # ---------------------------------------------------------------------------------------------
 # pick_agent: loads cached per (router, device, dtype, backbone, revision), each made once
 
@@ -280,8 +317,8 @@ def pick_agent(
     if not queries:
         return []
     router, tokenizer = get_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision)
-    logits, _ = run_router(
+    logits, embeddings = run_router(
         router, tokenizer, queries, batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress
     )
-    results = results_from_logits(logits, router.config.agent_order)
+    results = results_for(router, logits, embeddings)
     return results[0] if single else results

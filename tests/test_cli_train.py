@@ -134,7 +134,8 @@ def test_trainer_output_round_trips_through_convert_into_the_pipeline(pilot_run,
 
     folder, _, _ = pilot_run
     theta = np.load(folder / "out" / "head_weights.npy")
-    (cached,) = (folder / "cache").glob("*.npy")
+    # the cache holds the labelled prompts (46), the whole task pool (the guard's) and the OOD query set
+    (cached,) = [path for path in (folder / "cache").glob("*.npy") if np.load(path).shape[0] == 46]
     embeddings = np.load(cached, allow_pickle=False).astype(np.float64)
     data = pilot_data("rewards.jsonl")
     numpy_picks = [AGENTS[i] for i in head_picks(theta, embeddings, len(AGENTS), 0)]
@@ -166,13 +167,39 @@ def test_rerun_reads_the_embedding_cache_and_reproduces_the_head(pilot_run, tmp_
         folder / "cache",
         "--cv-folds",
         "0",
+        "--no-ood-guard",
         "--no-progress",
     ]
+    cached = sorted((folder / "cache").glob("*.npy"))
     result = run_tool("train", *rerun)
     assert result.returncode == 0, result.stderr
-    assert "read from cache" in result.stderr and len(list((folder / "cache").glob("*.npy"))) == 1
+    assert "read from cache" in result.stderr and sorted((folder / "cache").glob("*.npy")) == cached
+    # the guard does not touch the search: the same head with or without it
     assert np.array_equal(np.load(out / "head_weights.npy"), np.load(folder / "out" / "head_weights.npy"))
-    assert json.loads((out / "manifest.json").read_text())["cross_validation"] is None
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["cross_validation"] is None and "ood_guard" not in manifest
+    assert not (out / "ood_guard.safetensors").exists() and "out-of-distribution guard" not in result.stdout
+
+
+@needs_pilot
+def test_guard_is_fitted_on_the_whole_task_pool_and_exported(pilot_run):
+    from benchgen_router import ood
+
+    folder, result, _ = pilot_run
+    record = json.loads((folder / "out" / "manifest.json").read_text())["ood_guard"]
+    assert (record["n_prompts"], record["n_fit"], record["n_calibration"]) == (1110, 777, 333)
+    assert record["keep_share"] == 0.95 and 0.95 <= record["calibration_kept_share"] <= 0.95 + 1 / 334
+    assert record["fallback_agent"] == "frontier_b"  # the best fixed agent on the 35 training rows
+    guard = ood.load_guard(folder / "out" / record["file"], embedding_dim=32)
+    assert guard.threshold == record["threshold"] and guard.metadata["backbone"] == "test-org/tiny-qwen3"
+    evaluation = record["evaluation"]
+    assert evaluation["ood_queries_file"] == "ood_queries.jsonl" and evaluation["in_distribution_count"] == 333
+    assert set(evaluation["groups"]) >= {"german", "code_tooling", "benchmark_style_templated"}
+    assert f"out-of-distribution guard: threshold {record['threshold']:.4f}" in result.stdout
+    config = json.loads((folder / "router" / "config.json").read_text())
+    assert config["ood_threshold"] == record["threshold"] and config["ood_fallback_agent"] == "frontier_b"
+    assert config["ood_calibration"]["evaluation"] == evaluation
+    assert "## Out-of-distribution guard" in (folder / "router" / "README.md").read_text()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,6 +280,8 @@ def test_warns_when_the_head_cannot_beat_the_best_fixed_agent(tmp_path, backbone
     with caplog.at_level("WARNING"):
         assert cli("train", *args) == 0
     assert "does not beat the best fixed agent (open_mid, 1.0000)" in caplog.text
+    assert "no out-of-distribution guard: 12 task prompts cannot calibrate" in caplog.text  # too few, not an error
+    assert not (tmp_path / "out" / "ood_guard.safetensors").exists()
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["evaluation"]["headroom_share"] is None and manifest["beats_best_fixed_agent"] is False
 

@@ -32,6 +32,9 @@ def test_a_nested_dict_becomes_the_backbone_config_and_the_pool_reads_in_logit_o
         ({"truncation_length": 0}, "truncation_length must be a positive"),
         ({"special_tokens_per_query": 1, "truncation_suffix_tokens": 2}, "truncation_suffix_tokens"),
         ({"truncation_suffix_tokens": -1}, "truncation_suffix_tokens"),
+        ({"ood_threshold": float("nan"), "ood_fallback_agent": "open_mid"}, "ood_threshold must be a finite"),
+        ({"ood_threshold": 3.0}, "ood_fallback_agent None is not an agent"),
+        ({"ood_threshold": 3.0, "ood_fallback_agent": "gpt_x"}, "'gpt_x' is not an agent of this pool"),
     ],
 )
 def test_invalid_settings_are_refused_with_a_reason(overrides, message):
@@ -52,3 +55,14 @@ def test_a_path_is_stored_as_a_string_and_the_config_round_trips(tmp_path):
     assert saved["backbone_name_or_path"] == "/models/qwen" and saved["text_config"]["model_type"] == "qwen3"
     again = RouterConfig.from_pretrained(tmp_path)
     assert again.agent_order == AGENTS and again.bundled_backbone and again.backbone_revision == "v2"
+
+
+def test_guard_settings_default_to_no_guard_and_round_trip(tmp_path):
+    plain = router_config()
+    assert not plain.has_ood_guard and plain.ood_guard and plain.ood_fallback_agent is None
+    guarded = router_config(ood_threshold=512.5, ood_fallback_agent="frontier_b", ood_calibration={"keep_share": 0.95})
+    assert guarded.has_ood_guard
+    guarded.save_pretrained(tmp_path)
+    loaded = RouterConfig.from_pretrained(tmp_path, ood_guard=False)
+    assert (loaded.ood_threshold, loaded.ood_fallback_agent, loaded.ood_guard) == (512.5, "frontier_b", False)
+    assert loaded.has_ood_guard and loaded.ood_calibration == {"keep_share": 0.95}

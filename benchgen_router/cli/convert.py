@@ -9,6 +9,8 @@ pipeline. Every input is validated before anything is written; on error nothing 
 A non-empty folder that holds no router is refused unless --overwrite (which deletes nothing the
 converter does not write); a router folder, such as the repository root (`--output-dir .`), is
 replaced: its config, weights, code, tokenizer and card, keeping any README text after the card.
+A release with an out-of-distribution guard (ood_guard.safetensors next to the weights, or
+--ood-stats PATH) gets it in model.safetensors and config.json; --no-ood-guard leaves it out.
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bundle-backbone", action="store_true", help="store the backbone's weights in model.safetensors too"
     )
+    parser.add_argument(
+        "--ood-stats",
+        type=Path,
+        metavar="PATH",
+        help="the out-of-distribution guard's statistics (.safetensors or .npz; default: "
+        "ood_guard.safetensors next to --weights, when present)",
+    )
+    parser.add_argument(
+        "--ood-fallback-agent",
+        metavar="AGENT",
+        help="the agent that answers flagged queries (default: the one the manifest or the statistics name)",
+    )
+    parser.add_argument("--no-ood-guard", action="store_true", help="leave the release's out-of-distribution guard out")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty folder that holds no router")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the folder's model files to this Hub repo")
 
@@ -58,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
         backbone_id=args.backbone_id,
         bundle=args.bundle_backbone,
         overwrite=args.overwrite,
+        ood_stats=args.ood_stats,
+        ood_guard=not args.no_ood_guard,
+        ood_fallback_agent=args.ood_fallback_agent,
     )
     if args.push_to_hub:
         push_folder(folder, args.push_to_hub)

@@ -8,6 +8,12 @@ agent and the per-question oracle on the same rows, and reports the share of the
 captured and how many queries went to each agent. With no --model, the committed default router is
 evaluated.
 
+A router with an out-of-distribution guard is scored as it serves (flagged prompts go to its
+fallback agent), and the guard is measured on --ood-queries (default: the packaged set): AUROC of
+the evaluated prompts against the OOD queries, overall and per group, the share of each group
+flagged at the calibrated threshold and the share of the evaluated prompts kept. The evaluated
+prompts may include the ones the guard was fitted on, which makes the kept share optimistic.
+
 Rewards and tasks are joined on task_id as in training (rows with no task are skipped). The
 rewards must score the router's pool: the same agent ids, in any order.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from functools import partial
 from pathlib import Path
 
 from benchgen_router.cli.common import EXIT_CODES_HELP, add_batching_arguments, add_dtype_arguments
@@ -37,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     add_dtype_arguments(parser)
     add_batching_arguments(parser)
+    parser.add_argument(
+        "--ood-queries",
+        type=Path,
+        help="out-of-distribution queries (JSONL: query, group) to measure a guarded router on "
+        "(default: the packaged benchgen_router/data/ood_queries.jsonl)",
+    )
     parser.add_argument("--output-json", type=Path, help="also write the evaluation to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -49,8 +62,11 @@ def run(args: argparse.Namespace) -> int:
     from benchgen_router.evaluation import evaluate_picks, format_evaluation
     from benchgen_router.files import Output, to_json
     from benchgen_router.loading import load_router
-    from benchgen_router.routing import run_router
+    from benchgen_router.ood import PACKAGED_OOD_QUERIES, evaluate_guard, read_ood_queries
+    from benchgen_router.routing import ood_scores_of, results_for, run_router
 
+    if args.ood_queries is not None and not args.ood_queries.is_file():
+        raise UsageError(f"--ood-queries {args.ood_queries} not found; pass a JSONL file of query, group rows.")
     output = Output(args.output_json, inputs=[args.rewards, args.tasks]) if args.output_json else None
     try:
         data = join_rewards(load_rows(args.rewards, "rewards"), load_rows(args.tasks, "tasks"), min_rows=1)
@@ -74,19 +90,38 @@ def run(args: argparse.Namespace) -> int:
                 "evaluate against rewards measured for this router's agents."
             )
         rewards = data.rewards[:, [data.agents.index(agent) for agent in pool]]  # columns in logit order
-        logits, _ = run_router(
+        route = partial(
+            run_router,
             model,
             tokenizer,
-            data.prompts,
             batch_size=args.batch_size,
             max_batch_tokens=args.max_batch_tokens,
             progress=not args.no_progress,
         )
-        evaluation = evaluate_picks(logits.argmax(axis=1), rewards, pool)
+        logits, embeddings = route(data.prompts)
+        picks = np.array([result["agent_index"] for result in results_for(model, logits, embeddings)])
+        evaluation = evaluate_picks(picks, rewards, pool)
         title = f"evaluation of {args.model or 'the default router'}"
         print(format_evaluation(evaluation, title + (f" on split '{args.split}'" if args.split else "")))
+        queries_file = args.ood_queries or PACKAGED_OOD_QUERIES
+        guard = None
+        if model.guards_queries and queries_file.is_file():
+            queries, groups = read_ood_queries(queries_file)
+            rows = f"the {len(data)} evaluated prompts" + (f" of split '{args.split}'" if args.split else "")
+            guard = evaluate_guard(
+                partial(ood_scores_of, model),
+                float(model.ood_threshold),
+                embeddings,
+                route(queries)[1],
+                groups,
+                rows,
+            )
+            guard["ood_queries_file"] = str(queries_file)
+            print(format_guard_evaluation(guard))
         if output is not None:
             record = {"model": args.model, "rewards": args.rewards, "split": args.split, **evaluation}
+            if guard is not None:
+                record["ood_guard"] = guard
             output.handle.write(to_json(record, indent=2) + "\n")
             output.commit()
     finally:
@@ -99,3 +134,18 @@ def run(args: argparse.Namespace) -> int:
             evaluation["best_fixed_agent"],
         )
     return 0
+
+
+def format_guard_evaluation(guard: dict) -> str:
+    """The guard's figures as printed lines."""
+    lines = [
+        f"out-of-distribution guard (threshold {guard['threshold']:.4f}) on {guard['ood_queries']} queries of "
+        f"{guard['ood_queries_file']}: AUROC {guard['auroc']:.3f}, flagged {guard['ood_flagged_share']:.3f}; "
+        f"kept {guard['in_distribution_kept_share']:.3f} of {guard['in_distribution_rows']}"
+    ]
+    for group, figures in guard["groups"].items():
+        lines.append(
+            f"  {group:<28} {figures['queries']:>3} queries  flagged {figures['flagged_share']:.3f}  "
+            f"AUROC {figures['auroc']:.3f}"
+        )
+    return "\n".join(lines)

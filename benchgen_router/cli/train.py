@@ -16,6 +16,13 @@ the held-out evaluation (router vs best fixed agent, uniform random, per-questio
 of the routing headroom captured, picks per agent) and a k-fold cross-validated estimate over all
 labelled rows, and stores both in the manifest.
 
+Out-of-distribution guard (skip it with --no-ood-guard): every prompt of --tasks, labelled or not,
+is embedded the same way; the guard's statistics are fitted on a seeded 70% of them and its
+threshold calibrated on the other 30% to keep --ood-keep-share of in-distribution queries. Flagged
+queries go to the fallback agent, the best fixed agent on the training rows. The statistics are
+written as ood_guard.safetensors next to head_weights.npy and the settings recorded in the manifest
+(`ood_guard`), with the guard's AUROC and flagged shares on --ood-queries when that file exists.
+
 Held-out rule: rows whose split equals --test-split are held out. If no row has that split and it
 is the default 'test', a seeded random 20% is held out (the reference rule); any other split name
 that no row carries is an error.
@@ -143,6 +150,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"pycma with CMA_diagonal=True, or cmaes.SepCMA (default: {DEFAULT_CMA_LIBRARY})",
     )
 
+    guard = parser.add_argument_group("out-of-distribution guard")
+    guard.add_argument("--no-ood-guard", action="store_true", help="train no out-of-distribution guard (flag no query)")
+    guard.add_argument(
+        "--ood-keep-share",
+        type=float,
+        default=0.95,
+        help="share of in-distribution queries the guard keeps (calibrated on held-out prompts; default: 0.95)",
+    )
+    guard.add_argument(
+        "--ood-queries",
+        type=Path,
+        help="out-of-distribution queries (JSONL: query, group) to measure the guard on "
+        "(default: the packaged set, benchgen_router/data/ood_queries.jsonl)",
+    )
+
     output = parser.add_argument_group("output")
     output.add_argument("--output-dir", help="folder for head_weights.npy and manifest.json")
     output.add_argument("--model-id", help="manifest model_id (default: head-<backbone name>-<hash of the head>)")
@@ -197,6 +219,10 @@ def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     if args.head_hidden_dim < 0 or args.truncation_length < 1:
         raise UsageError("--head-hidden-dim must be >= 0 and --truncation-length >= 1.")
     check_search_settings(args.sigma0, args.generations, args.seed, args.popsize, args.cma_library)
+    if not 0.0 < args.ood_keep_share < 1.0:
+        raise UsageError(f"--ood-keep-share must lie strictly between 0 and 1, got {args.ood_keep_share}.")
+    if args.ood_queries is not None and not args.ood_queries.is_file():
+        raise UsageError(f"--ood-queries {args.ood_queries} not found; pass a JSONL file of query, group rows.")
     args.backbone_id = args.backbone_id or args.backbone
     args.output_dir = Path(args.output_dir)
     for flag, folder in (("--output-dir", args.output_dir), ("--export", args.export)):
@@ -237,7 +263,9 @@ def run(args: argparse.Namespace) -> int:
     card_note = read_card_note(args.card_note)
     if args.export is not None:
         check_output_folder(args.export, overwrite=False)  # before the work, so a bad folder costs nothing
-    data = join_rewards(load_rows(args.rewards, "rewards"), load_rows(args.tasks, "tasks"))
+    reward_rows = load_rows(args.rewards, "rewards")  # rewards first: their errors are reported first
+    task_rows = load_rows(args.tasks, "tasks")
+    data = join_rewards(reward_rows, task_rows)
     test, how = held_out_mask(data, args.test_split, args.seed)
 
     # The data are good: now the heavy imports (torch, transformers).
@@ -246,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
     from benchgen_router.evaluation import evaluate_picks
     from benchgen_router.files import staging_dir, to_json
     from benchgen_router.head import head_picks
+    from benchgen_router.ood import GUARD_FILE, save_guard
     from benchgen_router.training import cross_validate, search_head
 
     logger.info(
@@ -259,10 +288,10 @@ def run(args: argparse.Namespace) -> int:
 
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    embedded = embed_prompts(
-        data.prompts,
-        args.backbone,
-        data.agents,
+    embed = partial(
+        embed_prompts,
+        backbone=args.backbone,
+        agents=data.agents,
         revision=args.backbone_revision,
         dtype=args.dtype,
         truncation_length=args.truncation_length,
@@ -273,7 +302,13 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         allow_emulated_bf16=args.allow_emulated_bf16,
     )
+    embedded = embed(data.prompts)
     timings["embedding_seconds"] = time.perf_counter() - started
+    trained_guard = None
+    if not args.no_ood_guard:
+        started = time.perf_counter()
+        trained_guard = fit_task_guard(args, task_rows, data, test, embed)
+        timings["ood_guard_seconds"] = time.perf_counter() - started
     embeddings, rewards = embedded.vectors.astype(np.float64), data.rewards
     search = partial(
         search_head,
@@ -297,8 +332,12 @@ def run(args: argparse.Namespace) -> int:
         timings["cross_validation_seconds"] = time.perf_counter() - started
 
     manifest = build_manifest(args, data, test, how, result, evaluation, cv, embedded, timings)
+    if trained_guard is not None:
+        manifest["ood_guard"] = trained_guard.record
     with staging_dir(args.output_dir) as staging:
         np.save(staging / "head_weights.npy", result.theta.astype(np.float64), allow_pickle=False)
+        if trained_guard is not None:
+            save_guard(staging / GUARD_FILE, trained_guard.guard)
         (staging / "manifest.json").write_text(to_json(manifest, indent=2) + "\n", encoding="utf-8")
     logger.info("wrote %s (head_weights.npy, manifest.json)", args.output_dir)
     if args.export is not None:
@@ -313,7 +352,77 @@ def run(args: argparse.Namespace) -> int:
         )
 
     print_report(result, evaluation, cv)
+    if trained_guard is not None:
+        print(format_guard(trained_guard.record))
     return 0
+
+
+def fit_task_guard(args: argparse.Namespace, task_rows: list[dict[str, Any]], data: Any, test: Any, embed: Any) -> Any:
+    """The out-of-distribution guard of this run (ood.train_guard) on every prompt of the task pool,
+    measured on the OOD query set when there is one; None (with a warning) when the pool has too few
+    prompts to calibrate the keep share."""
+    import numpy as np
+
+    from benchgen_router import ood
+
+    prompts = list(dict.fromkeys(row["prompt"] for row in task_rows if isinstance(row.get("prompt"), str)))
+    prompts = [prompt for prompt in prompts if prompt.strip()]
+    needed = ood.min_prompts_to_calibrate(args.ood_keep_share)
+    if len(prompts) < needed:
+        logger.warning(
+            "warning: no out-of-distribution guard: %d task prompts cannot calibrate a %.0f%% keep share "
+            "(need at least %d); pass a larger --tasks pool or --no-ood-guard.",
+            len(prompts),
+            100 * args.ood_keep_share,
+            needed,
+        )
+        return None
+    vectors = embed(prompts).vectors
+    trained = ood.train_guard(
+        vectors,
+        data.rewards[~test],
+        data.agents,
+        keep_share=args.ood_keep_share,
+        metadata={"backbone": args.backbone_id},
+    )
+    queries_file = args.ood_queries or ood.PACKAGED_OOD_QUERIES
+    if queries_file.is_file():
+        queries, groups = ood.read_ood_queries(queries_file)
+        _, calibration_rows = ood.split_indices(
+            len(vectors), (1.0 - ood.DEFAULT_CALIBRATION_SHARE, ood.DEFAULT_CALIBRATION_SHARE), ood.DEFAULT_SPLIT_SEED
+        )
+        outside = embed(queries).vectors
+        trained.record["evaluation"] = ood.evaluate_guard(
+            trained.guard.scores,
+            trained.guard.threshold,
+            vectors[np.asarray(calibration_rows)],
+            outside,
+            groups,
+            f"the {len(calibration_rows)} task prompts of the calibration split, not used to fit the statistics",
+        )
+        trained.record["evaluation"]["ood_queries_file"] = queries_file.name
+    return trained
+
+
+def format_guard(record: dict[str, Any]) -> str:
+    """The guard's calibration (and its measurement on the OOD set) as printed lines."""
+    lines = [
+        f"out-of-distribution guard: threshold {record['threshold']:.4f}, fallback {record['fallback_agent']}; "
+        f"fitted on {record['n_fit']} task prompts, calibrated on {record['n_calibration']} held out: "
+        f"keeps {record['calibration_kept_share']:.3f} of them (target {record['keep_share']})"
+    ]
+    evaluation = record.get("evaluation")
+    if evaluation:
+        lines.append(
+            f"on {evaluation['ood_queries']} OOD queries ({evaluation['ood_queries_file']}): AUROC "
+            f"{evaluation['auroc']:.3f}, flagged {evaluation['ood_flagged_share']:.3f}"
+        )
+        for group, figures in evaluation["groups"].items():
+            lines.append(
+                f"  {group:<28} {figures['queries']:>3} queries  flagged {figures['flagged_share']:.3f}  "
+                f"AUROC {figures['auroc']:.3f}"
+            )
+    return "\n".join(lines)
 
 
 def build_manifest(

@@ -1,0 +1,646 @@
+"""Out-of-distribution guard for the router: is a query's embedding like the ones the head was built for?
+
+Outside its training distribution (another language, another domain) the head's argmax is close to
+arbitrary, so a query the guard flags should go to a fallback agent instead (fallback_agent()).
+
+The guard is a Gaussian model of in-distribution embeddings scaled to unit length (the direction
+carries the meaning; the length does not, and queries in scripts the backbone's vocabulary covers
+poorly get short embeddings near the raw mean): their mean and a shrinkage covariance (Oracle
+Approximating Shrinkage by default, Ledoit-Wolf on request), stored as its precision matrix.
+A query's score is the squared Mahalanobis distance of its unit embedding to the mean; it is flagged when the score
+exceeds a threshold calibrated on held-out in-distribution embeddings so that a stated share
+(default 95%) of in-distribution queries is kept (conformal rule, see conformal_threshold()).
+A cosine k-nearest-neighbour score is here too (knn_cosine_scores()) because it was measured
+against the Mahalanobis score; docs/ood-guard.md gives the comparison and the choice.
+
+Everything here is numpy. The statistics are stored as safetensors (never pickle): tensors
+ood_mean (D,) float32, ood_precision (D, D) float32, ood_threshold () float32, and string metadata.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchgen_router.errors import UsageError, first_line
+from benchgen_router.files import atomic_output
+
+GUARD_FORMAT = "benchgen-router-ood-guard/1"
+MEAN_KEY = "ood_mean"
+PRECISION_KEY = "ood_precision"
+THRESHOLD_KEY = "ood_threshold"
+GUARD_KEYS = (MEAN_KEY, PRECISION_KEY, THRESHOLD_KEY)
+SHRINKAGE_METHODS = ("oas", "ledoit_wolf")
+DEFAULT_KEEP_SHARE = 0.95
+CALIBRATION_RULE = "conformal: ceil((n+1)*keep_share)-th smallest of n held-out in-distribution scores"
+# How far from symmetric a stored precision matrix may be (float32 round-off of a symmetric matrix is
+# far smaller; anything larger means the file holds something else).
+SYMMETRY_TOLERANCE = 1e-4
+UNIT_NORM_FLOOR = 1e-12
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def _as_matrix(embeddings: np.ndarray, what: str) -> np.ndarray:
+    array = np.asarray(embeddings)
+    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
+        raise UsageError(f"{what} must be a non-empty 2-d array (queries, dim); got shape {array.shape}.")
+    if not np.issubdtype(array.dtype, np.floating) or not np.isfinite(array).all():
+        raise UsageError(f"{what} must hold finite floating-point values; recompute the embeddings.")
+    return array.astype(np.float64)
+
+
+def shrunk_covariance(embeddings: np.ndarray, method: str = "oas") -> tuple[np.ndarray, float]:
+    """(covariance, shrinkage) of the rows: (1 - s) * S + s * (trace(S) / D) * I, S the maximum-likelihood
+    covariance (divided by n), s chosen by Oracle Approximating Shrinkage (Chen, Wiesel, Eldar and Hero
+    2010, eq. 23) or by Ledoit and Wolf (2004, lemma 3.2 and eqs. 14-15). With fewer rows than
+    dimensions (or barely more) S is singular or badly conditioned; the shrunk estimate is always
+    positive definite when trace(S) > 0."""
+    if method not in SHRINKAGE_METHODS:
+        raise UsageError(f"unknown shrinkage method '{method}'; use one of {', '.join(SHRINKAGE_METHODS)}.")
+    x = _as_matrix(embeddings, "embeddings")
+    n, dim = x.shape
+    if n < 2:
+        raise UsageError(f"need at least 2 in-distribution embeddings to fit the guard; got {n}.")
+    centred = x - x.mean(axis=0)
+    sample = centred.T @ centred / n
+    trace = float(np.trace(sample))
+    if trace <= 0.0:
+        raise UsageError("the in-distribution embeddings are all identical; fit the guard on varied queries.")
+    scale = trace / dim
+    trace_of_square = float(np.sum(sample * sample))  # trace(S @ S) for symmetric S
+    if method == "oas":
+        numerator = (1.0 - 2.0 / dim) * trace_of_square + trace**2
+        denominator = (n + 1.0 - 2.0 / dim) * (trace_of_square - trace**2 / dim)
+        shrinkage = 1.0 if denominator <= 0.0 else min(1.0, numerator / denominator)
+    else:
+        # Distances in the Frobenius norm divided by D, as in the paper's <A, B> = tr(A B^T) / D.
+        dispersion = (trace_of_square - 2.0 * scale * trace + scale**2 * dim) / dim  # ||S - scale I||^2
+        # sum_k ||x_k x_k^T - S||^2 = sum_k ||x_k||^4 - n ||S||^2 (expand and use sum_k x_k x_k^T = n S)
+        row_norms = np.sum(centred * centred, axis=1)
+        spread = (float(np.sum(row_norms**2)) - n * trace_of_square) / (n**2 * dim)
+        shrinkage = 1.0 if dispersion <= 0.0 else min(1.0, max(0.0, spread) / dispersion)
+    covariance = (1.0 - shrinkage) * sample
+    covariance[np.diag_indices(dim)] += shrinkage * scale
+    return covariance, float(shrinkage)
+
+
+def precision_from_covariance(covariance: np.ndarray) -> np.ndarray:
+    """The inverse of a positive-definite covariance, through its Cholesky factor, made exactly symmetric."""
+    try:
+        lower = np.linalg.cholesky(covariance)
+    except np.linalg.LinAlgError:
+        raise UsageError("the covariance is not positive definite; fit it with shrunk_covariance().") from None
+    inverse_lower = np.linalg.solve(lower, np.eye(len(covariance)))
+    precision = inverse_lower.T @ inverse_lower
+    return (precision + precision.T) / 2.0
+
+
+def unit_rows(embeddings: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length, float64 (a zero row stays zero: its length is floored at 1e-12, as
+    torch.nn.functional.normalize does)."""
+    rows = _as_matrix(embeddings, "embeddings")
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), UNIT_NORM_FLOOR)
+
+
+def mahalanobis_scores(embeddings: np.ndarray, mean: np.ndarray, precision: np.ndarray) -> np.ndarray:
+    """Squared Mahalanobis distance of each row to the mean: (x - mean)^T P (x - mean), float64."""
+    diff = _as_matrix(embeddings, "embeddings") - np.asarray(mean, dtype=np.float64)
+    return np.einsum("nd,nd->n", diff @ np.asarray(precision, dtype=np.float64), diff)
+
+
+def knn_cosine_scores(reference: np.ndarray, embeddings: np.ndarray, k: int = 5) -> np.ndarray:
+    """Mean cosine distance (1 - cosine similarity) of each row to its k nearest reference rows."""
+    ref = unit_rows(reference)
+    queries = unit_rows(embeddings)
+    if not 1 <= k <= len(ref):
+        raise UsageError(f"k must lie between 1 and the {len(ref)} reference embeddings; got {k}.")
+    distances = 1.0 - queries @ ref.T
+    nearest = np.partition(distances, k - 1, axis=1)[:, :k]
+    return nearest.mean(axis=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration and evaluation
+
+
+def conformal_threshold(scores: np.ndarray, keep_share: float = DEFAULT_KEEP_SHARE) -> float:
+    """The ceil((n+1) * keep_share)-th smallest of n held-out in-distribution scores.
+
+    A fresh in-distribution query exchangeable with those n is then kept (score <= threshold) with
+    probability at least keep_share, and at most keep_share + 1/(n+1) when scores have no ties (split
+    conformal prediction). Needs n >= keep_share / (1 - keep_share) (19 for 95%); fewer is an error."""
+    values = np.sort(np.asarray(scores, dtype=np.float64).ravel())
+    if not 0.0 < keep_share < 1.0:
+        raise UsageError(f"keep share must lie strictly between 0 and 1; got {keep_share}.")
+    if not np.isfinite(values).all():
+        raise UsageError("calibration scores must be finite; recompute the held-out embeddings.")
+    rank = math.ceil((len(values) + 1) * keep_share)
+    if rank > len(values):
+        needed = math.ceil(keep_share / (1.0 - keep_share))
+        raise UsageError(
+            f"{len(values)} held-out scores cannot calibrate a {keep_share:.0%} keep share; give at least {needed}."
+        )
+    return float(values[rank - 1])
+
+
+def auroc(in_scores: np.ndarray, out_scores: np.ndarray) -> float:
+    """Area under the ROC curve for telling out-of-distribution (higher score) from in-distribution:
+    P(out score > in score) + P(equal) / 2, by the rank-sum (Mann-Whitney) identity with tied
+    scores given their average rank."""
+    inside = np.asarray(in_scores, dtype=np.float64).ravel()
+    outside = np.asarray(out_scores, dtype=np.float64).ravel()
+    if len(inside) == 0 or len(outside) == 0:
+        raise UsageError("AUROC needs at least one in-distribution and one out-of-distribution score.")
+    pooled = np.concatenate([inside, outside])
+    _, group, counts = np.unique(pooled, return_inverse=True, return_counts=True)
+    # the values of a tie group take ranks after those of all smaller values; each gets their mean
+    mean_rank = np.cumsum(counts) - counts + (counts + 1) / 2.0
+    rank_sum = mean_rank[group][len(inside) :].sum()
+    return float((rank_sum - len(outside) * (len(outside) + 1) / 2) / (len(inside) * len(outside)))
+
+
+def split_indices(count: int, shares: tuple[float, ...], seed: int) -> list[np.ndarray]:
+    """A seeded random partition of range(count) into parts of the given shares (the last part takes
+    the rest), each part sorted."""
+    order = np.random.default_rng(seed).permutation(count)
+    bounds = np.round(np.cumsum(shares[:-1]) * count).astype(int)
+    return [np.sort(part) for part in np.split(order, bounds)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The guard
+
+
+@dataclass(frozen=True)
+class OODGuard:
+    """In-distribution statistics and the calibrated threshold; flags(x) is True where x is out of
+    distribution (score above the threshold)."""
+
+    mean: np.ndarray  # (D,) float32
+    precision: np.ndarray  # (D, D) float32, symmetric positive definite
+    threshold: float
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.mean.shape[0])
+
+    def scores(self, embeddings: np.ndarray) -> np.ndarray:
+        embeddings = np.asarray(embeddings)
+        if embeddings.ndim != 2 or embeddings.shape[1] != self.embedding_dim:
+            raise UsageError(
+                f"the guard takes {self.embedding_dim}-d embeddings; got shape {embeddings.shape} "
+                "(statistics fitted on another backbone?)."
+            )
+        return mahalanobis_scores(unit_rows(embeddings), self.mean, self.precision)
+
+    def flags(self, embeddings: np.ndarray) -> np.ndarray:
+        return self.scores(embeddings) > self.threshold
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The tensors as stored (names and dtypes the model's remote code reads)."""
+        return {
+            MEAN_KEY: np.ascontiguousarray(self.mean, dtype=np.float32),
+            PRECISION_KEY: np.ascontiguousarray(self.precision, dtype=np.float32),
+            THRESHOLD_KEY: np.asarray(self.threshold, dtype=np.float32),
+        }
+
+
+def fit_guard(
+    fit_embeddings: np.ndarray,
+    calibration_embeddings: np.ndarray,
+    keep_share: float = DEFAULT_KEEP_SHARE,
+    shrinkage: str = "oas",
+    metadata: Mapping[str, str] | None = None,
+) -> OODGuard:
+    """Fit the statistics on one set of in-distribution embeddings and calibrate the threshold on a
+    disjoint one (the calibration rows must not be among the fitted ones, or their scores are too low
+    and fewer than keep_share of new queries are kept)."""
+    fit = unit_rows(fit_embeddings)
+    calibration = unit_rows(calibration_embeddings)
+    if calibration.shape[1] != fit.shape[1]:
+        raise UsageError(f"calibration embeddings are {calibration.shape[1]}-d, fit ones {fit.shape[1]}-d.")
+    covariance, shrinkage_weight = shrunk_covariance(fit, shrinkage)
+    mean = fit.mean(axis=0).astype(np.float32)
+    precision = precision_from_covariance(covariance).astype(np.float32)
+    # Calibrate with the float32 statistics that are stored, so the threshold matches what is applied.
+    threshold = conformal_threshold(mahalanobis_scores(calibration, mean, precision), keep_share)
+    info = {
+        "format": GUARD_FORMAT,
+        "score": "squared Mahalanobis distance of the unit-length embedding to the in-distribution mean",
+        "shrinkage": shrinkage,
+        "shrinkage_weight": f"{shrinkage_weight:.6f}",
+        "keep_share": f"{keep_share}",
+        "calibration_rule": CALIBRATION_RULE,
+        "n_fit": str(len(fit)),
+        "n_calibration": str(len(calibration)),
+        "embedding_dim": str(fit.shape[1]),
+    }
+    info.update(metadata or {})
+    return OODGuard(mean=mean, precision=precision, threshold=float(np.float32(threshold)), metadata=info)
+
+
+def fit_guard_split(
+    embeddings: np.ndarray,
+    keep_share: float = DEFAULT_KEEP_SHARE,
+    calibration_share: float = 0.3,
+    seed: int = 0,
+    shrinkage: str = "oas",
+    metadata: Mapping[str, str] | None = None,
+) -> OODGuard:
+    """fit_guard() on a seeded split of one set of in-distribution embeddings: calibration_share of the
+    rows calibrate, the rest fit."""
+    if not 0.0 < calibration_share < 1.0:
+        raise UsageError(f"calibration share must lie strictly between 0 and 1; got {calibration_share}.")
+    rows = _as_matrix(embeddings, "embeddings")
+    fit_rows, calibration_rows = split_indices(len(rows), (1.0 - calibration_share, calibration_share), seed)
+    info = {"split_seed": str(seed), "calibration_share": f"{calibration_share}", **(metadata or {})}
+    return fit_guard(rows[fit_rows], rows[calibration_rows], keep_share, shrinkage, info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage
+
+
+def guard_from_tensors(
+    tensors: Mapping[str, np.ndarray],
+    metadata: Mapping[str, str] | None,
+    source: str,
+    embedding_dim: int | None = None,
+) -> OODGuard:
+    """Validate stored statistics (names, shapes, finiteness, a symmetric positive-definite precision,
+    a finite threshold) and build the guard; any problem is one UsageError line naming `source`."""
+    fix = "refit and save it with ood.save_guard()"
+    missing = [key for key in GUARD_KEYS if key not in tensors]
+    unknown = sorted(set(tensors) - set(GUARD_KEYS))
+    if missing or unknown:
+        raise UsageError(
+            f"OOD statistics {source} must hold exactly {', '.join(GUARD_KEYS)}; "
+            f"missing {missing or 'none'}, unexpected {unknown or 'none'}: {fix}."
+        )
+    mean, precision, threshold = (np.asarray(tensors[key]) for key in GUARD_KEYS)
+    for key, array in zip(GUARD_KEYS, (mean, precision, threshold), strict=True):
+        if not np.issubdtype(array.dtype, np.floating):
+            raise UsageError(f"OOD statistics {source}: {key} has dtype {array.dtype}, not floating point: {fix}.")
+        if not np.isfinite(array).all():
+            raise UsageError(f"OOD statistics {source}: {key} holds NaN or infinite values: {fix}.")
+    dim = embedding_dim if embedding_dim is not None else (mean.shape[0] if mean.ndim == 1 else -1)
+    if mean.shape != (dim,) or precision.shape != (dim, dim) or threshold.size != 1:
+        expected = f"{embedding_dim}-d embeddings" if embedding_dim is not None else "one embedding size"
+        raise UsageError(
+            f"OOD statistics {source} do not fit {expected}: {MEAN_KEY} {mean.shape}, {PRECISION_KEY} "
+            f"{precision.shape}, {THRESHOLD_KEY} {threshold.shape} (statistics of another backbone?): {fix}."
+        )
+    precision64 = precision.astype(np.float64)
+    asymmetry = np.abs(precision64 - precision64.T).max()
+    if asymmetry > SYMMETRY_TOLERANCE * max(1.0, np.abs(precision64).max()):
+        raise UsageError(f"OOD statistics {source}: {PRECISION_KEY} is not symmetric: {fix}.")
+    try:
+        np.linalg.cholesky(precision64)
+    except np.linalg.LinAlgError:
+        raise UsageError(f"OOD statistics {source}: {PRECISION_KEY} is not positive definite: {fix}.") from None
+    info = dict(metadata or {})
+    if info.get("format", GUARD_FORMAT) != GUARD_FORMAT:
+        raise UsageError(f"OOD statistics {source} have format {info['format']!r}, not {GUARD_FORMAT!r}: {fix}.")
+    return OODGuard(
+        mean=mean.astype(np.float32),
+        precision=precision.astype(np.float32),
+        threshold=float(threshold.reshape(())),
+        metadata=info,
+    )
+
+
+def save_guard(path: str | Path, guard: OODGuard) -> Path:
+    """Write the guard as safetensors, atomically (a crash leaves any previous file as it was)."""
+    from safetensors.numpy import save
+
+    final = Path(path)
+    if final.suffix != ".safetensors":
+        raise UsageError(f"OOD statistics are saved as .safetensors; got '{final.name}'.")
+    guard_from_tensors(guard.tensors(), guard.metadata, str(final))  # never write what loading would refuse
+    payload = save(guard.tensors(), metadata={key: str(value) for key, value in guard.metadata.items()})
+    with atomic_output(final, "wb") as handle:
+        handle.write(payload)
+    return final
+
+
+def load_guard(path: str | Path, embedding_dim: int | None = None) -> OODGuard:
+    """Read and validate statistics from .safetensors (as saved) or .npz (the same three arrays, read
+    with allow_pickle=False); embedding_dim, when given, must match."""
+    source = Path(path)
+    if not source.is_file():
+        raise UsageError(f"OOD statistics not found: {source}.")
+    suffix = source.suffix
+    try:
+        if suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(source), framework="np") as handle:
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (not a dict)
+                metadata = handle.metadata() or {}
+        elif suffix == ".npz":
+            with np.load(source, allow_pickle=False) as archive:
+                tensors = {key: archive[key] for key in archive.files}
+            metadata = {}
+        elif suffix == ".npy":
+            np.load(source, allow_pickle=False)  # a pickled .npy is refused here, before anything runs
+            raise UsageError(
+                f"OOD statistics {source} are one .npy array; they need {', '.join(GUARD_KEYS)}: "
+                "save them with ood.save_guard() (.safetensors)."
+            )
+        else:
+            raise UsageError(f"OOD statistics {source}: unknown file type '{suffix}'; use .safetensors or .npz.")
+    except UsageError:
+        raise
+    except ValueError as err:  # numpy: "Object arrays cannot be loaded when allow_pickle=False"
+        if "allow_pickle" in str(err):
+            raise UsageError(
+                f"OOD statistics {source} hold pickled objects, which are never loaded; "
+                "save them with ood.save_guard() (.safetensors)."
+            ) from None
+        raise UsageError(f"OOD statistics {source} cannot be read ({first_line(err)}); re-save them.") from None
+    except Exception as err:  # safetensors and zipfile raise their own types for damaged files
+        raise UsageError(f"OOD statistics {source} cannot be read ({first_line(err)}); re-save them.") from None
+    return guard_from_tensors(tensors, metadata, str(source), embedding_dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing scores on repeated splits (how docs/ood-guard.md was measured)
+
+SCORE_METHODS = ("mahalanobis", "mahalanobis_lw", "mahalanobis_raw", "knn1", "knn5", "knn10")
+
+
+def make_scorer(method: str, fit_embeddings: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """A score function fitted on in-distribution rows (higher = further out). 'mahalanobis' is the
+    guard's score (unit rows, OAS); 'mahalanobis_lw' the same with Ledoit-Wolf; 'mahalanobis_raw'
+    skips the unit scaling; 'knnK' is knn_cosine_scores() with k = K against the fit rows."""
+    if method.startswith("knn") and method[3:].isdigit():
+        reference, k = unit_rows(fit_embeddings), int(method[3:])
+        return lambda rows: knn_cosine_scores(reference, rows, k)
+    if method not in ("mahalanobis", "mahalanobis_lw", "mahalanobis_raw"):
+        raise UsageError(f"unknown score method '{method}'; use one of {', '.join(SCORE_METHODS)} (any knnK).")
+    prepare = _as_matrix if method == "mahalanobis_raw" else (lambda rows, what="": unit_rows(rows))
+    fit = prepare(fit_embeddings, "fit embeddings")
+    covariance, _ = shrunk_covariance(fit, "ledoit_wolf" if method == "mahalanobis_lw" else "oas")
+    mean, precision = fit.mean(axis=0), precision_from_covariance(covariance)
+    return lambda rows: mahalanobis_scores(prepare(rows, "embeddings"), mean, precision)
+
+
+@dataclass
+class SplitEvaluation:
+    """Per split (one entry per seed): the share of test in-distribution rows kept, and per OOD group
+    the AUROC against those rows and the share flagged at the calibrated threshold."""
+
+    kept: np.ndarray
+    thresholds: np.ndarray
+    auroc: dict[str, np.ndarray]
+    flagged: dict[str, np.ndarray]
+    rewritten_kept: np.ndarray | None = None
+
+
+def evaluate_splits(
+    id_embeddings: np.ndarray,
+    ood_embeddings: np.ndarray,
+    ood_groups: Sequence[str],
+    method: str = "mahalanobis",
+    seeds: Sequence[int] = tuple(range(20)),
+    shares: tuple[float, float, float] = (0.6, 0.2, 0.2),
+    keep_share: float = DEFAULT_KEEP_SHARE,
+    rewritten_embeddings: np.ndarray | None = None,
+) -> SplitEvaluation:
+    """For each seed: split the in-distribution rows into fit / calibration / test parts (shares),
+    fit the score on the first, calibrate the threshold on the second (conformal_threshold()), and
+    measure on the third and on every OOD group. rewritten_embeddings, when given, are the same
+    in-distribution prompts written another way (row for row); their test rows' kept share is kept too."""
+    groups = np.asarray(ood_groups)
+    if len(groups) != len(ood_embeddings):
+        raise UsageError(f"{len(ood_embeddings)} OOD embeddings but {len(groups)} group names; give one per row.")
+    names = list(dict.fromkeys(groups.tolist()))
+    kept, thresholds, rewritten_kept = [], [], []
+    auroc_by_group: dict[str, list[float]] = {name: [] for name in names}
+    flagged_by_group: dict[str, list[float]] = {name: [] for name in names}
+    for seed in seeds:
+        fit_rows, calibration_rows, test_rows = split_indices(len(id_embeddings), shares, seed)
+        score = make_scorer(method, id_embeddings[fit_rows])
+        threshold = conformal_threshold(score(id_embeddings[calibration_rows]), keep_share)
+        test_scores, ood_scores = score(id_embeddings[test_rows]), score(ood_embeddings)
+        kept.append(float(np.mean(test_scores <= threshold)))
+        thresholds.append(threshold)
+        if rewritten_embeddings is not None:
+            rewritten_kept.append(float(np.mean(score(rewritten_embeddings[test_rows]) <= threshold)))
+        for name in names:
+            group_scores = ood_scores[groups == name]
+            auroc_by_group[name].append(auroc(test_scores, group_scores))
+            flagged_by_group[name].append(float(np.mean(group_scores > threshold)))
+    return SplitEvaluation(
+        kept=np.array(kept),
+        thresholds=np.array(thresholds),
+        auroc={name: np.array(values) for name, values in auroc_by_group.items()},
+        flagged={name: np.array(values) for name, values in flagged_by_group.items()},
+        rewritten_kept=np.array(rewritten_kept) if rewritten_embeddings is not None else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The question inside the pilot's answer-format wrapper (for content pooling, a measured remedy)
+
+# Every pilot prompt (tasks.v1.jsonl) is a label, the question, a blank line and one of these
+# instruction paragraphs. Mean pooling over the whole prompt is dominated by the wrapper, so a foreign
+# or off-domain question inside it looks in-distribution; pooling only the question's tokens does not
+# (docs/ood-guard.md). Only these exact strings are removed: a user's own last paragraph stays.
+QUERY_LABELS = ("Problem: ", "Question: ")
+ANSWER_FORMAT_PARAGRAPHS = (
+    "Answer with the letter of the single best option, in the form `Answer: X`. Do not explain after the answer line.",
+    "Give the final numeric answer in the form `Answer: <number>` on the last line.",
+    "Give the final answer in the form `Answer: <answer>` on the last line. Answer as briefly as the question allows.",
+    "Put the final answer inside \\boxed{} on the last line.",
+)
+
+
+def content_span(text: str) -> tuple[int, int]:
+    """(start, end) character offsets of the question inside a known answer-format wrapper: after a
+    known label, before a known final paragraph (preceded by a blank line); (0, len) without either,
+    and never an empty span."""
+    end = len(text.rstrip())
+    for paragraph in ANSWER_FORMAT_PARAGRAPHS:
+        if text[:end].endswith("\n\n" + paragraph):
+            end = len(text[: end - len(paragraph)].rstrip())
+            break
+    start = next((len(label) for label in QUERY_LABELS if text.startswith(label)), 0)
+    if not text[start:end].strip():  # only a wrapper: keep everything rather than nothing
+        return 0, len(text.rstrip())
+    return start, end
+
+
+# ---------------------------------------------------------------------------------------------
+# Where flagged queries go
+
+
+def fallback_agent(rewards: np.ndarray, costs: np.ndarray | None = None, tolerance: float = 0.0) -> int:
+    """Index of the agent that answers queries the guard flags.
+
+    rewards: (rows, agents) rewards of the training rows. Without costs: the best fixed agent (highest
+    mean reward; the lowest index among equals). With costs (agents,), e.g. mean cost per call: the
+    cheapest agent whose mean reward is within `tolerance` of the best (ties in cost: higher reward,
+    then lower index)."""
+    table = np.asarray(rewards, dtype=np.float64)
+    if table.ndim != 2 or table.shape[0] == 0 or table.shape[1] == 0 or not np.isfinite(table).all():
+        raise UsageError(f"rewards must be a finite non-empty (rows, agents) array; got shape {table.shape}.")
+    mean_reward = table.mean(axis=0)
+    best = float(mean_reward.max())
+    if costs is None:
+        return int(np.argmax(mean_reward))
+    price = np.asarray(costs, dtype=np.float64)
+    if price.shape != (table.shape[1],) or not np.isfinite(price).all() or (price < 0).any():
+        raise UsageError(f"costs must be {table.shape[1]} finite non-negative numbers, one per agent.")
+    if not tolerance >= 0.0:
+        raise UsageError(f"tolerance must be a non-negative reward difference; got {tolerance}.")
+    eligible = np.flatnonzero(mean_reward >= best - tolerance - 1e-12)
+    return int(min(eligible, key=lambda agent: (price[agent], -mean_reward[agent], agent)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer's guard: fitted on the task pool, stored next to head_weights.npy
+
+GUARD_FILE = "ood_guard.safetensors"  # next to head_weights.npy in a trainer's output folder
+PACKAGED_OOD_QUERIES = Path(__file__).resolve().parent / "data" / "ood_queries.jsonl"
+DEFAULT_CALIBRATION_SHARE = 0.3
+DEFAULT_SPLIT_SEED = 0
+
+
+def read_ood_queries(path: str | Path = PACKAGED_OOD_QUERIES) -> tuple[list[str], list[str]]:
+    """(queries, groups) of an out-of-distribution query set: JSONL rows with "query" and "group"."""
+    from benchgen_router.files import read_jsonl
+
+    rows = read_jsonl(path, "OOD query set")
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row.get("query"), str) or not row["query"].strip() or not isinstance(row.get("group"), str):
+            raise UsageError(f"OOD query set {path}: row {number} needs a non-empty 'query' and a 'group' string.")
+    if not rows:
+        raise UsageError(f"OOD query set {path} holds no queries.")
+    return [row["query"] for row in rows], [row["group"] for row in rows]
+
+
+def min_prompts_to_calibrate(keep_share: float, calibration_share: float = DEFAULT_CALIBRATION_SHARE) -> int:
+    """The fewest in-distribution prompts whose calibration part can calibrate keep_share."""
+    needed = math.ceil(keep_share / (1.0 - keep_share))
+    return math.ceil(needed / calibration_share) + 1
+
+
+@dataclass
+class TrainedGuard:
+    """What the trainer fits: the guard, the agent that answers flagged queries, and the record the
+    manifest keeps (`ood_guard`)."""
+
+    guard: OODGuard
+    fallback_agent: str
+    record: dict[str, object]
+
+
+def train_guard(
+    embeddings: np.ndarray,
+    train_rewards: np.ndarray,
+    agents: Sequence[str],
+    keep_share: float = DEFAULT_KEEP_SHARE,
+    seed: int = DEFAULT_SPLIT_SEED,
+    calibration_share: float = DEFAULT_CALIBRATION_SHARE,
+    costs: np.ndarray | None = None,
+    tolerance: float = 0.0,
+    metadata: Mapping[str, str] | None = None,
+) -> TrainedGuard:
+    """Fit the guard on a seeded split of in-distribution prompt embeddings (every prompt of the task
+    pool, labelled or not), calibrate it on the held-out part to keep `keep_share`, and pick the
+    fallback agent from the training rows' rewards (fallback_agent(); with `costs`, one per agent in
+    `agents` order, the cheapest within `tolerance` of the best)."""
+    rows = _as_matrix(embeddings, "embeddings")
+    fit_rows, calibration_rows = split_indices(len(rows), (1.0 - calibration_share, calibration_share), seed)
+    fallback = agents[fallback_agent(train_rewards, costs, tolerance)]
+    info = {
+        "split_seed": str(seed),
+        "calibration_share": f"{calibration_share}",
+        "fallback_agent": fallback,
+        **(metadata or {}),
+    }
+    guard = fit_guard(rows[fit_rows], rows[calibration_rows], keep_share, metadata=info)
+    kept = float((~guard.flags(rows[calibration_rows])).mean())
+    record: dict[str, object] = {
+        "file": GUARD_FILE,
+        "score": guard.metadata["score"],
+        "threshold": guard.threshold,
+        "fallback_agent": fallback,
+        "fallback_rule": "best fixed agent on the training rows"
+        if costs is None
+        else f"cheapest agent within {tolerance} of the best mean reward on the training rows",
+        "keep_share": keep_share,
+        "calibration_rule": CALIBRATION_RULE,
+        "n_prompts": len(rows),
+        "n_fit": len(fit_rows),
+        "n_calibration": len(calibration_rows),
+        "calibration_kept_share": kept,
+        "split_seed": seed,
+        "shrinkage": guard.metadata["shrinkage"],
+        "shrinkage_weight": float(guard.metadata["shrinkage_weight"]),
+    }
+    return TrainedGuard(guard, fallback, record)
+
+
+def guard_statistics_file(weights_path: str | Path, explicit: str | Path | None = None) -> Path | None:
+    """The statistics a release carries: `explicit` if given (it must exist), else GUARD_FILE next to
+    head_weights.npy when present, else None (a release without a guard)."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise UsageError(f"OOD statistics not found: {path}; pass the ood_guard.safetensors the trainer wrote.")
+        return path
+    beside = Path(weights_path).parent / GUARD_FILE
+    return beside if beside.is_file() else None
+
+
+def check_fallback_agent(agent: object, agents: Sequence[str], source: str) -> str:
+    """The fallback agent if it is one of the pool's `agents`; one UsageError line otherwise."""
+    if agent not in agents:
+        raise UsageError(
+            f"OOD statistics {source}: fallback agent {agent!r} is not in agent_order {list(agents)}; "
+            "refit the guard for this pool (or name a pool agent as ood_guard.fallback_agent in the manifest)."
+        )
+    return str(agent)
+
+
+def evaluate_guard(
+    guard_scores: Callable[[np.ndarray], np.ndarray],
+    threshold: float,
+    in_embeddings: np.ndarray,
+    ood_embeddings: np.ndarray,
+    ood_groups: Sequence[str],
+    in_rows: str,
+) -> dict[str, object]:
+    """AUROC of in-distribution against all OOD queries and per group, the share flagged per group at
+    the threshold, and the share of the in-distribution rows kept. `in_rows` says which rows those are."""
+    inside = np.asarray(guard_scores(in_embeddings), dtype=np.float64)
+    outside = np.asarray(guard_scores(ood_embeddings), dtype=np.float64)
+    groups = np.asarray(list(ood_groups))
+    per_group = {}
+    for group in dict.fromkeys(ood_groups):
+        scores = outside[groups == group]
+        per_group[str(group)] = {
+            "queries": len(scores),
+            "auroc": auroc(inside, scores),
+            "flagged_share": float((scores > threshold).mean()),
+        }
+    return {
+        "threshold": float(threshold),
+        "in_distribution_rows": in_rows,
+        "in_distribution_count": len(inside),
+        "in_distribution_kept_share": float((inside <= threshold).mean()),
+        "ood_queries": len(outside),
+        "ood_flagged_share": float((outside > threshold).mean()),
+        "auroc": auroc(inside, outside),
+        "groups": per_group,
+    }

@@ -1,0 +1,737 @@
+"""The out-of-distribution guard (benchgen_router/ood.py): statistics, the conformal threshold, AUROC,
+storage and its validation, the fallback agent, and the default backbone's guard on the pilot prompts.
+
+Run as a script to print the measured tables of docs/ood-guard.md (from the project root):
+
+    python tests/test_ood.py --report            # 100 seeded splits; add --seeds N for fewer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchgen_router import ood, routing
+from benchgen_router.convert import convert_release as convert_release_api
+from benchgen_router.errors import UsageError
+from benchgen_router.files import read_jsonl
+from benchgen_router.loading import load_router
+from benchgen_router.routing import run_router
+from helpers import (
+    AGENTS,
+    PILOT,
+    RESULT_KEYS,
+    cli,
+    convert_release,
+    make_queries,
+    run_tool,
+    synthetic_rows,
+    write_jsonl,
+    write_release,
+)
+
+OOD_QUERIES = Path(ood.__file__).resolve().parent / "data" / "ood_queries.jsonl"
+# Groups that are plainly not benchmark items: the guard must flag >= 95% of them.
+PLAIN_GROUPS = (
+    "turkish",
+    "german",
+    "chinese",
+    "arabic",
+    "russian",
+    "hindi",
+    "japanese",
+    "code_tooling",
+    "chit_chat",
+    "everyday_writing_planning",
+)
+# Phrased like benchmark items (reported, no target); the first two wear the pilot's answer-format lines.
+HARD_GROUPS = ("benchmark_style_templated", "foreign_templated", "benchmark_style_plain")
+KEEP = ood.DEFAULT_KEEP_SHARE
+needs_pilot = pytest.mark.skipif(
+    not (PILOT / "tasks.v1.jsonl").exists(), reason=f"pilot data not found at {PILOT} (CI has it)"
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic embeddings: an anisotropic cloud around one direction, and clouds around others
+
+
+def cloud(rng: np.random.Generator, count: int, centre: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    return (centre + rng.normal(size=(count, len(centre))) * scales).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    rng = np.random.default_rng(7)
+    dim = 24
+    centre = np.zeros(dim)
+    centre[0] = 4.0
+    scales = np.linspace(0.05, 1.0, dim)  # variances spread over 400x: a plain distance would be misled
+    elsewhere = np.zeros(dim)
+    elsewhere[1] = 4.0
+    return {
+        "dim": dim,
+        "draw": lambda count, seed: cloud(np.random.default_rng(seed), count, centre, scales),
+        # far: another direction; subtle: a shift of 3 standard deviations along the tightest axes only
+        "far": cloud(rng, 500, elsewhere, scales),
+        "subtle": cloud(rng, 500, centre + np.r_[3 * scales[: dim // 2], np.zeros(dim - dim // 2)], scales),
+    }
+
+
+def test_guard_keeps_in_distribution_and_flags_out_of_distribution(synthetic):
+    guard = ood.fit_guard(synthetic["draw"](600, 1), synthetic["draw"](300, 2))
+    fresh = synthetic["draw"](4000, 3)
+    kept = 1.0 - guard.flags(fresh).mean()
+    assert abs(kept - KEEP) <= 4 * math.sqrt(KEEP * (1 - KEEP) * (1 / 4000 + 1 / 300))
+    assert guard.flags(synthetic["far"]).mean() == 1.0
+    # a shift of 3 standard deviations along the tight axes, small against the loose axes' spread
+    assert guard.flags(synthetic["subtle"]).mean() >= 0.95
+    assert ood.auroc(guard.scores(fresh), guard.scores(synthetic["subtle"])) >= 0.99
+    assert guard.metadata["n_fit"] == "600" and guard.metadata["n_calibration"] == "300"
+
+
+@pytest.mark.parametrize("keep_share", [0.8, 0.95, 0.99])
+def test_calibration_keeps_the_stated_share_on_fresh_data(synthetic, keep_share):
+    """Split conformal: with n calibration scores the kept share of fresh data has mean
+    k/(n+1), k = ceil((n+1) q), and the variance of a Beta(k, n+1-k) draw (plus the fresh sample's)."""
+    calibration_size, fresh_size, repeats = 200, 3000, 30
+    fit = synthetic["draw"](600, 10)
+    kept = []
+    for repeat in range(repeats):
+        guard = ood.fit_guard(fit, synthetic["draw"](calibration_size, 100 + repeat), keep_share)
+        kept.append(1.0 - guard.flags(synthetic["draw"](fresh_size, 500 + repeat)).mean())
+    rank = math.ceil((calibration_size + 1) * keep_share)
+    expected = rank / (calibration_size + 1)
+    beta_variance = rank * (calibration_size + 1 - rank) / ((calibration_size + 1) ** 2 * (calibration_size + 2))
+    spread = math.sqrt(beta_variance + expected * (1 - expected) / fresh_size)
+    assert expected >= keep_share
+    assert abs(np.mean(kept) - expected) <= 4 * spread / math.sqrt(repeats)
+    assert min(kept) >= keep_share - 5 * spread
+
+
+def test_conformal_threshold_is_the_stated_order_statistic():
+    scores = np.random.default_rng(0).permutation(np.arange(1.0, 101.0))  # 1..100
+    assert ood.conformal_threshold(scores, 0.95) == 96.0  # ceil(101 * 0.95) = 96th smallest
+    assert ood.conformal_threshold(scores, 0.5) == 51.0
+    assert ood.conformal_threshold(np.arange(19.0), 0.95) == 18.0  # 19 scores: the largest
+    with pytest.raises(UsageError, match="give at least 19"):
+        ood.conformal_threshold(np.arange(18.0), 0.95)
+    with pytest.raises(UsageError, match="strictly between 0 and 1"):
+        ood.conformal_threshold(scores, 1.0)
+
+
+def test_auroc_counts_ties_half():
+    inside, outside = [0.1, 0.4, 0.4, 0.8], [0.4, 0.9, 0.2]
+    # out 0.4: beats 0.1, ties both 0.4s (half each), loses to 0.8 -> 2; out 0.9 beats all 4; out 0.2 beats 0.1
+    assert ood.auroc(inside, outside) == pytest.approx(7 / 12)
+    assert ood.auroc([1.0, 2.0], [3.0, 4.0]) == 1.0 and ood.auroc([3.0, 4.0], [1.0, 2.0]) == 0.0
+    assert ood.auroc([5.0, 5.0], [5.0]) == 0.5
+    rng = np.random.default_rng(3)
+    many_in, many_out = rng.integers(0, 6, 40), rng.integers(2, 9, 30)  # heavy ties
+    pairwise = (many_out[:, None] > many_in[None]).mean() + 0.5 * (many_out[:, None] == many_in[None]).mean()
+    assert ood.auroc(many_in, many_out) == pytest.approx(pairwise)
+
+
+def test_shrinkage_weights_follow_the_data():
+    rng = np.random.default_rng(5)
+    isotropic = rng.normal(size=(60, 40))  # true covariance is a multiple of I: shrink (nearly) all the way
+    skewed = rng.normal(size=(5000, 10)) * np.geomspace(0.01, 10, 10)  # plenty of rows, far from I: barely
+    for method in ood.SHRINKAGE_METHODS:
+        covariance, weight = ood.shrunk_covariance(isotropic, method)
+        assert weight >= 0.8
+        np.linalg.cholesky(covariance)  # fewer rows than twice the dimensions, still positive definite
+        assert ood.shrunk_covariance(skewed, method)[1] <= 0.01
+    wide = rng.normal(size=(10, 50))  # singular sample covariance
+    for method in ood.SHRINKAGE_METHODS:
+        np.linalg.cholesky(ood.shrunk_covariance(wide, method)[0])
+    with pytest.raises(UsageError, match="unknown shrinkage"):
+        ood.shrunk_covariance(isotropic, "graphical_lasso")
+
+
+def test_ledoit_wolf_matches_scikit_learn():
+    covariance_module = pytest.importorskip("sklearn.covariance", reason="scikit-learn not installed")
+    rows = np.random.default_rng(8).normal(size=(80, 30)) @ np.random.default_rng(9).normal(size=(30, 30))
+    ours, weight = ood.shrunk_covariance(rows, "ledoit_wolf")
+    theirs, their_weight = covariance_module.ledoit_wolf(rows)
+    assert weight == pytest.approx(their_weight, rel=1e-9)
+    assert np.abs(ours - theirs).max() <= 1e-9 * np.abs(theirs).max()
+
+
+def test_knn_cosine_scores_rank_by_angle():
+    reference = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, -0.1]])
+    queries = np.array([[3.0, 0.0], [-1.0, 0.0], [1.0, 1.0]])
+    scores = ood.knn_cosine_scores(reference, queries, k=1)
+    assert scores[0] == pytest.approx(0.0) and scores[1] == pytest.approx(1.0)  # nearest: (0, 1)
+    assert scores[2] == pytest.approx(1 - math.sqrt(0.5))
+    far = ood.knn_cosine_scores(reference, np.array([[-1.0, -0.01]]), k=3)[0]  # all three lie beyond 90 degrees
+    assert far == pytest.approx(np.mean(1 - ood.unit_rows(reference) @ ood.unit_rows(np.array([[-1.0, -0.01]]))[0]))
+    with pytest.raises(UsageError, match="k must lie"):
+        ood.knn_cosine_scores(reference, queries, k=4)
+
+
+def test_torch_snippet_matches_numpy(synthetic):
+    """The computation the model's forward runs on stored tensors (the snippet handed to the model
+    code) flags exactly what the numpy guard flags, in float32."""
+    guard = ood.fit_guard(synthetic["draw"](600, 1), synthetic["draw"](300, 2))
+    queries = np.concatenate([synthetic["draw"](300, 4), synthetic["subtle"], synthetic["far"]])
+    tensors = {key: torch.from_numpy(value) for key, value in guard.tensors().items()}
+    embeddings = torch.from_numpy(queries)
+    unit = torch.nn.functional.normalize(embeddings.float(), dim=-1)
+    diff = unit - tensors["ood_mean"]
+    score = ((diff @ tensors["ood_precision"]) * diff).sum(-1)
+    flag = score > tensors["ood_threshold"]
+    numpy_scores = guard.scores(queries)
+    assert np.abs(score.numpy() - numpy_scores).max() <= 1e-4 * numpy_scores.max()
+    near = np.abs(numpy_scores - guard.threshold) <= 1e-4 * guard.threshold  # float32 may differ right at the edge
+    assert (flag.numpy() == guard.flags(queries))[~near].all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage
+
+
+def test_saved_guard_round_trips(tmp_path, synthetic):
+    guard = ood.fit_guard(synthetic["draw"](300, 1), synthetic["draw"](100, 2), metadata={"backbone": "test"})
+    path = ood.save_guard(tmp_path / "guard.safetensors", guard)
+    loaded = ood.load_guard(path, embedding_dim=synthetic["dim"])
+    assert loaded.threshold == guard.threshold and loaded.metadata == guard.metadata
+    assert np.array_equal(loaded.mean, guard.mean) and np.array_equal(loaded.precision, guard.precision)
+    queries = synthetic["far"][:50]
+    assert np.array_equal(loaded.flags(queries), guard.flags(queries))
+    np.savez(tmp_path / "guard.npz", **guard.tensors())
+    assert ood.load_guard(tmp_path / "guard.npz").threshold == guard.threshold
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["guard.npz", "guard.safetensors"]  # no temporary left
+    with pytest.raises(UsageError, match="takes 24-d embeddings"):
+        loaded.scores(np.ones((2, 7), dtype=np.float32))
+
+
+def test_saving_refuses_bad_statistics_and_keeps_the_old_file(tmp_path, synthetic):
+    guard = ood.fit_guard(synthetic["draw"](300, 1), synthetic["draw"](100, 2))
+    path = ood.save_guard(tmp_path / "guard.safetensors", guard)
+    before = path.read_bytes()
+    broken = ood.OODGuard(guard.mean, guard.precision, float("nan"), guard.metadata)
+    with pytest.raises(UsageError, match="holds NaN"):
+        ood.save_guard(path, broken)
+    assert path.read_bytes() == before
+    with pytest.raises(UsageError, match="does not exist"):
+        ood.save_guard(tmp_path / "missing" / "guard.safetensors", guard)
+    with pytest.raises(UsageError, match=r"saved as \.safetensors"):
+        ood.save_guard(tmp_path / "guard.npz", guard)
+
+
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> Path:
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+@pytest.fixture
+def good_tensors(synthetic) -> dict[str, np.ndarray]:
+    return ood.fit_guard(synthetic["draw"](300, 1), synthetic["draw"](100, 2)).tensors()
+
+
+def _non_positive_definite(precision: np.ndarray) -> np.ndarray:
+    values, vectors = np.linalg.eigh(precision.astype(np.float64))
+    values[0] = -abs(values[-1])  # symmetric, one negative eigenvalue
+    return ((vectors * values) @ vectors.T).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "case, change, message",
+    [
+        ("short mean", lambda t: {**t, "ood_mean": t["ood_mean"][:-1]}, "do not fit 24-d embeddings"),
+        ("non-square", lambda t: {**t, "ood_precision": t["ood_precision"][:, :-1]}, "do not fit"),
+        ("vector threshold", lambda t: {**t, "ood_threshold": np.ones(2, np.float32)}, "do not fit"),
+        ("NaN mean", lambda t: {**t, "ood_mean": np.full_like(t["ood_mean"], np.nan)}, "holds NaN"),
+        ("inf threshold", lambda t: {**t, "ood_threshold": np.asarray(np.inf, np.float32)}, "holds NaN"),
+        ("not PD", lambda t: {**t, "ood_precision": _non_positive_definite(t["ood_precision"])}, "positive definite"),
+        ("asymmetric", lambda t: {**t, "ood_precision": np.triu(t["ood_precision"])}, "not symmetric"),
+        ("integer", lambda t: {**t, "ood_mean": np.ones(24, np.int32)}, "not floating point"),
+        ("missing key", lambda t: {k: v for k, v in t.items() if k != "ood_threshold"}, "missing"),
+        ("extra key", lambda t: {**t, "ood_reference": np.ones((3, 24), np.float32)}, "unexpected"),
+    ],
+)
+def test_bad_safetensors_statistics_are_refused(tmp_path, good_tensors, case, change, message):
+    path = _write_safetensors(tmp_path / "bad.safetensors", change(good_tensors))
+    with pytest.raises(UsageError, match=message) as caught:
+        ood.load_guard(path, embedding_dim=24)
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_bad_files_of_other_kinds_are_refused(tmp_path, good_tensors):
+    pickled = tmp_path / "stats.npy"
+    np.save(pickled, np.array([{"ood_mean": 1}], dtype=object), allow_pickle=True)
+    plain = tmp_path / "plain.npy"
+    np.save(plain, good_tensors["ood_mean"])
+    wrong_keys = tmp_path / "wrong.npz"
+    np.savez(wrong_keys, mean=good_tensors["ood_mean"], cov=good_tensors["ood_precision"], thr=1.0)
+    pickled_npz = tmp_path / "pickled.npz"
+    np.savez(pickled_npz, **{**good_tensors, "ood_mean": np.array([object()], dtype=object)})
+    damaged = tmp_path / "damaged.safetensors"
+    damaged.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header at all")
+    other_format = _write_safetensors(tmp_path / "other.safetensors", good_tensors, {"format": "something/9"})
+    cases = [
+        (pickled, "pickled objects"),
+        (plain, "one .npy array"),
+        (wrong_keys, "missing"),
+        (pickled_npz, "pickled objects"),
+        (damaged, "cannot be read"),
+        (other_format, "format 'something/9'"),
+        (tmp_path / "stats.json", "not found"),
+    ]
+    (tmp_path / "stats.pt").write_bytes(b"whatever")
+    cases.append((tmp_path / "stats.pt", "unknown file type"))
+    for path, message in cases:
+        with pytest.raises(UsageError, match=message) as caught:
+            ood.load_guard(path)
+        assert "\n" not in str(caught.value), path
+
+
+def test_content_span_removes_only_the_known_wrapper():
+    question = "Which spice gives paella its yellow colour?"
+    for paragraph in ood.ANSWER_FORMAT_PARAGRAPHS:
+        for label in ood.QUERY_LABELS:
+            wrapped = f"{label}{question}\n\n{paragraph}\n"
+            start, end = ood.content_span(wrapped)
+            assert wrapped[start:end] == question
+    own_paragraphs = "Plan my week.\n\nGive the final answer in the form of a table."
+    assert ood.content_span(own_paragraphs) == (0, len(own_paragraphs))  # not a known paragraph: kept
+    same_line = f"{question} {ood.ANSWER_FORMAT_PARAGRAPHS[1]}"  # no blank line before it: not the wrapper
+    assert ood.content_span(same_line) == (0, len(same_line))
+    assert ood.content_span("Question: ") == (0, len("Question:"))  # only a wrapper: nothing is removed
+    label_only = "Problem: Find x."
+    assert label_only[slice(*ood.content_span(label_only))] == "Find x."
+
+
+@needs_pilot
+def test_every_pilot_prompt_has_a_known_wrapper():
+    for task in read_jsonl(PILOT / "tasks.v1.jsonl", "tasks"):
+        prompt = task["prompt"]
+        start, end = ood.content_span(prompt)
+        assert start > 0 and prompt[end:].strip() in ood.ANSWER_FORMAT_PARAGRAPHS, task["task_id"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fallback agent
+
+
+def test_fallback_agent_is_the_best_fixed_or_the_cheapest_near_it():
+    rewards = np.array([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0], [1.0, 0.0, 1.0, 0.5]])
+    # mean rewards 0.75, 0.5, 0.75, 0.875
+    assert ood.fallback_agent(rewards) == 3
+    costs = np.array([1.0, 0.1, 0.5, 4.0])
+    assert ood.fallback_agent(rewards, costs) == 3  # no tolerance: the best, whatever it costs
+    assert ood.fallback_agent(rewards, costs, tolerance=0.125) == 2  # 0 and 2 within 0.125; 2 is cheaper
+    assert ood.fallback_agent(rewards, costs, tolerance=0.4) == 1
+    assert ood.fallback_agent(rewards[:, :3]) == 0  # equal means: the lowest index
+    assert ood.fallback_agent(rewards[:, :3], np.array([1.0, 1.0, 1.0]), tolerance=1.0) == 0  # equal cost: best
+    with pytest.raises(UsageError, match="one per agent"):
+        ood.fallback_agent(rewards, costs[:3])
+    with pytest.raises(UsageError, match="non-empty"):
+        ood.fallback_agent(np.zeros((0, 4)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The guard inside the router: converter, model, results, pick_agent, pipeline, CLI (tiny backbone)
+
+IN_QUERIES = make_queries(200, seed=3)  # the kind of text the tiny routers' guard is fitted on
+FOREIGN = ["日本語の質問です。今日は何曜日ですか？" * 3, "Привет! Как дела? Что ты делаешь сегодня вечером?" * 2]
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory, converted, backbone_dir):
+    """One release, converted without and with a guard fitted on embeddings the plain router computed
+    once for the module: {"plain", "guarded"} folders, the release, the guard and the embeddings."""
+    plain, _ = converted[0]
+    model, tokenizer = load_router(str(plain))
+    logits, embeddings = run_router(model, tokenizer, IN_QUERIES + FOREIGN)
+    folder = tmp_path_factory.mktemp("guarded")
+    manifest, weights = write_release(folder / "release", 32, 0, seed=0, backbone=str(backbone_dir))
+    rewards = np.random.default_rng(0).uniform(size=(20, len(AGENTS)))
+    rewards[:, AGENTS.index("open_mid")] += 1.0  # the best fixed agent, so the fallback is known
+    trained = ood.train_guard(embeddings[:150], rewards, AGENTS)
+    ood.save_guard(folder / "release" / ood.GUARD_FILE, trained.guard)
+    out = convert_release(manifest, weights, folder / "router", backbone_dir)
+    return {
+        "plain": plain,
+        "guarded": out,
+        "release": (manifest, weights),
+        "trained": trained,
+        "logits": logits,
+        "embeddings": embeddings,
+        "folder": folder,
+    }
+
+
+def test_converted_guard_flags_foreign_queries_and_keeps_held_out_ones(guarded):
+    trained = guarded["trained"]
+    assert trained.fallback_agent == "open_mid"
+    model, tokenizer = load_router(str(guarded["guarded"]))
+    assert model.guards_queries and model.config.ood_fallback_agent == "open_mid"
+    assert float(model.ood_threshold) == pytest.approx(trained.guard.threshold)
+    logits, embeddings = run_router(model, tokenizer, IN_QUERIES + FOREIGN)
+    assert np.array_equal(logits, guarded["logits"])  # the guard never changes the head's scores
+    scores = routing.ood_scores_of(model, embeddings)
+    assert np.abs(scores - trained.guard.scores(embeddings)).max() <= 1e-4 * scores.max()  # torch == numpy
+    flagged = scores > float(model.ood_threshold)
+    assert flagged[-len(FOREIGN) :].all()
+    assert flagged[150:200].mean() <= 0.2  # held-out in-distribution queries are mostly kept
+
+
+def test_flagged_query_goes_to_the_fallback_everywhere(guarded):
+    from transformers import AutoModel, AutoTokenizer, pipeline
+
+    folder = str(guarded["guarded"])
+    query, kept_query = FOREIGN[0], IN_QUERIES[160]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    output = model(**tokenizer([query, kept_query], return_tensors="pt", padding=True))
+    assert output.out_of_distribution.tolist()[0] is True and output.ood_scores.shape == (2,)
+    head_choice = AGENTS[int(output.logits[0].argmax())]
+
+    picked = routing.pick_agent([query, kept_query], model=folder)
+    assert picked[0]["out_of_distribution"] is True and picked[0]["picked_agent"] == "open_mid"
+    assert picked[0]["agent_index"] == AGENTS.index("open_mid") and picked[0]["head_pick"] == head_choice
+    assert picked[0]["ood_score"] == pytest.approx(float(output.ood_scores[0]), rel=1e-5)
+    assert picked[1]["out_of_distribution"] is (float(output.ood_scores[1]) > float(model.ood_threshold))
+    assert "head_pick" not in picked[1] or picked[1]["out_of_distribution"]
+
+    # the pipeline only sees logits: it returns the head's scores, without the fallback (documented)
+    router = pipeline("text-classification", model=folder, trust_remote_code=True)
+    assert router(query)[0]["label"] == head_choice
+
+
+@pytest.mark.xfail(reason="benchgen-router route builds its results with routing.results_for", strict=True)
+def test_route_json_returns_the_fallback_for_a_flagged_query(guarded):
+    result = run_tool("route", "--model", guarded["guarded"], "--json", FOREIGN[0])
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout.splitlines()[0])
+    assert printed["out_of_distribution"] is True and printed["picked_agent"] == "open_mid"
+
+
+def test_checkpoint_without_statistics_routes_exactly_as_before(guarded):
+    model, tokenizer = load_router(str(guarded["plain"]))
+    assert not model.config.has_ood_guard and not model.guards_queries
+    assert not any(name.startswith("ood_") for name, _ in model.named_buffers())
+    output = model(**tokenizer(FOREIGN, return_tensors="pt", padding=True))
+    assert output.ood_scores is None and output.out_of_distribution is None
+    logits, embeddings = run_router(model, tokenizer, IN_QUERIES + FOREIGN)
+    assert np.array_equal(logits, guarded["logits"])
+    results = routing.results_for(model, logits, embeddings)
+    assert results == routing.results_from_logits(logits, AGENTS)
+    assert all(set(result) == RESULT_KEYS for result in results)
+    alone, _ = run_router(model, tokenizer, FOREIGN)  # batched as pick_agent batches them
+    assert routing.pick_agent(FOREIGN, model=str(guarded["plain"])) == routing.results_from_logits(alone, AGENTS)
+    config = json.loads((guarded["plain"] / "config.json").read_text())
+    assert config["ood_threshold"] is None
+    assert "Out-of-distribution guard" not in (guarded["plain"] / "README.md").read_text()
+
+
+def test_config_switch_turns_a_present_guard_off(guarded):
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(guarded["guarded"]), trust_remote_code=True, ood_guard=False)
+    assert model.config.has_ood_guard and not model.guards_queries
+    _, tokenizer = load_router(str(guarded["guarded"]))
+    output = model(**tokenizer(FOREIGN, return_tensors="pt", padding=True))
+    assert output.ood_scores is None and output.out_of_distribution is None
+    logits, embeddings = run_router(model, tokenizer, FOREIGN)
+    assert routing.results_for(model, logits, embeddings) == routing.results_from_logits(logits, AGENTS)
+
+
+def test_saving_and_bundling_keep_the_statistics(guarded, tmp_path, backbone_dir):
+    from transformers import AutoModel
+
+    model, tokenizer = load_router(str(guarded["guarded"]))
+    model.save_pretrained(tmp_path / "saved")
+    reloaded = AutoModel.from_pretrained(str(tmp_path / "saved"), trust_remote_code=True)
+    for name in ("ood_mean", "ood_precision", "ood_threshold"):
+        assert torch.equal(getattr(reloaded, name), getattr(model, name))
+    manifest, weights = guarded["release"]
+    bundled = convert_release_api(manifest, weights, tmp_path / "bundled", backbone=str(backbone_dir), bundle=True)
+    loaded, _ = load_router(str(bundled))
+    assert loaded.config.bundled_backbone and loaded.guards_queries
+    assert torch.equal(loaded.ood_precision, model.ood_precision) and loaded.ood_precision.dtype == torch.float32
+    output = loaded(**tokenizer(FOREIGN, return_tensors="pt", padding=True))
+    assert output.out_of_distribution.all()
+
+
+def _stats(tensors: dict[str, np.ndarray], path: Path, metadata: dict[str, str] | None = None) -> Path:
+    if path.suffix == ".npz":
+        np.savez(path, **tensors)
+        return path
+    return _write_safetensors(path, tensors, metadata)
+
+
+@pytest.mark.parametrize(
+    "case, change, name, message",
+    [
+        ("wrong shape", lambda t: {**t, "ood_mean": t["ood_mean"][:-1]}, "s.safetensors", "do not fit 32-d"),
+        ("NaN", lambda t: {**t, "ood_precision": t["ood_precision"] * np.nan}, "s.safetensors", "NaN"),
+        ("not PD", lambda t: {**t, "ood_precision": _non_positive_definite(t["ood_precision"])}, "s.npz", "definite"),
+        ("pickled", None, "s.npy", "pickled"),
+        ("unknown fallback", lambda t: t, "s.safetensors", "fallback agent 'gpt_x' is not in agent_order"),
+    ],
+)
+def test_converter_refuses_bad_statistics_and_writes_nothing(
+    guarded, tmp_path, backbone_dir, case, change, name, message
+):
+    manifest, weights = guarded["release"]
+    path = tmp_path / name
+    if change is None:
+        np.save(path, np.array([{"ood_mean": 1}], dtype=object), allow_pickle=True)
+    else:
+        _stats(change(guarded["trained"].guard.tensors()), path, {"fallback_agent": "gpt_x"})
+    out = tmp_path / "router"
+    code = cli(
+        "convert", "--manifest", manifest, "--weights", weights, "--output-dir", out, "--ood-stats", path,
+        "--backbone", backbone_dir,
+    )  # fmt: skip
+    assert code == 2
+    assert not out.exists()
+    with pytest.raises(UsageError, match=message) as caught:
+        convert_release_api(manifest, weights, out, backbone=str(backbone_dir), ood_stats=path)
+    assert "\n" not in str(caught.value) and not out.exists()
+
+
+def test_evaluate_reports_the_guard_on_the_ood_set(guarded, tmp_path):
+    queries = tmp_path / "ood.jsonl"
+    write_jsonl(queries, [{"query": q, "group": "foreign"} for q in FOREIGN] + [{"query": "x y z", "group": "odd"}])
+    rewards, tasks = synthetic_rows(count=14)
+    result = run_tool(
+        "evaluate", "--model", guarded["guarded"], "--rewards", write_jsonl(tmp_path / "r.jsonl", rewards),
+        "--tasks", write_jsonl(tmp_path / "t.jsonl", tasks), "--ood-queries", queries,
+        "--output-json", tmp_path / "eval.json", "--no-progress",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "eval.json").read_text())["ood_guard"]
+    assert record["groups"]["foreign"] == {"queries": 2, "auroc": pytest.approx(1.0), "flagged_share": 1.0}
+    assert record["in_distribution_count"] == 14 and "14 evaluated prompts" in record["in_distribution_rows"]
+    assert "out-of-distribution guard" in result.stdout and "foreign" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# The default backbone on real data
+
+
+def read_ood_queries() -> tuple[list[str], list[str]]:
+    rows = read_jsonl(OOD_QUERIES, "OOD query set")
+    return [row["query"] for row in rows], [row["group"] for row in rows]
+
+
+def test_ood_query_set_is_well_formed():
+    queries, groups = read_ood_queries()
+    assert len(queries) >= 100 and len(set(queries)) == len(queries)
+    assert all(isinstance(query, str) and query.strip() for query in queries)
+    assert set(groups) == set(PLAIN_GROUPS) | set(HARD_GROUPS)
+    assert min(groups.count(group) for group in set(groups)) >= 10
+
+
+def embed_everything() -> dict[str, np.ndarray | list[str]]:
+    """Default-router embeddings of every pilot prompt and every OOD query, in one pass each."""
+    tasks = read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")
+    queries, groups = read_ood_queries()
+    model, tokenizer = load_router(None)
+    started = time.perf_counter()
+    pilot_logits, pilot = run_router(model, tokenizer, [task["prompt"] for task in tasks])
+    pilot_seconds = time.perf_counter() - started
+    ood_logits, outside = run_router(model, tokenizer, queries)
+    return {
+        "pilot": pilot,
+        "ood": outside,
+        "groups": groups,
+        "tasks": tasks,
+        "pilot_seconds": pilot_seconds,
+        "pilot_picks": pilot_logits.argmax(1),
+        "ood_picks": ood_logits.argmax(1),
+    }
+
+
+@pytest.fixture(scope="module")
+def real():
+    if not (PILOT / "tasks.v1.jsonl").exists():
+        pytest.skip(f"pilot data not found at {PILOT} (CI has it)")
+    return embed_everything()
+
+
+@needs_pilot
+def test_default_guard_keeps_held_out_pilot_prompts_and_flags_plain_ood(real):
+    pilot, outside, groups = real["pilot"], real["ood"], np.array(real["groups"])
+    # the shipped recipe on 80% of the prompts (70/30 fit/calibration), measured on the other 20%
+    known, unseen = ood.split_indices(len(pilot), (0.8, 0.2), seed=1)
+    guard = ood.fit_guard_split(pilot[known], KEEP)
+    calibration_size = int(guard.metadata["n_calibration"])
+    slack = 3 * math.sqrt(KEEP * (1 - KEEP) * (1 / len(unseen) + 1 / calibration_size))
+    kept = 1.0 - guard.flags(pilot[unseen]).mean()
+    assert kept >= KEEP - slack, f"kept {kept:.3f} of {len(unseen)} held-out pilot prompts"
+    flagged = guard.flags(outside)
+    for group in PLAIN_GROUPS:
+        assert flagged[groups == group].mean() >= 0.8, f"{group}: flagged {flagged[groups == group].mean():.2f}"
+    assert flagged[np.isin(groups, PLAIN_GROUPS)].mean() >= 0.95
+    # repeated 60/20/20 splits: the kept share averages the conformal level, and plain groups stay flagged
+    evaluation = ood.evaluate_splits(pilot, outside, groups, seeds=range(10))
+    assert abs(evaluation.kept.mean() - KEEP) <= 0.025, evaluation.kept
+    assert np.mean([evaluation.flagged[group].mean() for group in PLAIN_GROUPS]) >= 0.95
+    assert min(evaluation.auroc[group].mean() for group in PLAIN_GROUPS) >= 0.95
+
+
+# ---------------------------------------------------------------------------------------------
+# The tables of docs/ood-guard.md
+
+
+def _mean_cost_per_query(score, rows: np.ndarray, repeats: int = 5) -> float:
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        score(rows)
+        timings.append(time.perf_counter() - started)
+    return float(np.median(timings)) / len(rows)
+
+
+def question_only(text: str) -> str:
+    start, end = ood.content_span(text)
+    return text[start:end]
+
+
+def question_pooled_embeddings(model, tokenizer, texts: list[str], batch_size: int = 16) -> np.ndarray:
+    """Mean of the backbone's last hidden states over the tokens of the question only (content_span()),
+    in the same pass as the whole prompt: the wrapper still gives context but is not averaged in.
+    BERT-style (unpacked) backbones only, as the default router's."""
+    import torch
+
+    pooled = np.zeros((len(texts), model.config.embedding_dim), dtype=np.float32)
+    order = np.argsort([len(text) for text in texts], kind="stable")
+    with torch.inference_mode():
+        for first in range(0, len(texts), batch_size):
+            rows = order[first : first + batch_size]
+            encoded = tokenizer(
+                [texts[row] for row in rows],
+                truncation=True,
+                max_length=model.config.truncation_length,
+                padding=True,
+                return_offsets_mapping=True,
+                return_tensors="pt",
+            )
+            offsets = encoded.pop("offset_mapping")
+            hidden = model.backbone(**encoded).last_hidden_state.float()
+            for position, row in enumerate(rows):
+                start, end = ood.content_span(texts[row])
+                # special tokens have empty (0, 0) offsets and fall outside every span
+                inside = (encoded["attention_mask"][position] == 1) & (offsets[position, :, 1] > start)
+                inside &= offsets[position, :, 0] < end
+                pooled[row] = hidden[position][inside].mean(dim=0).numpy()
+    return pooled
+
+
+def _print_method_row(label: str, ev: ood.SplitEvaluation, stored: str, cost: str) -> None:
+    plain = [ev.flagged[group].mean() for group in PLAIN_GROUPS]
+    hard = " | ".join(f"{ev.flagged[g].mean():.3f} ({ev.auroc[g].mean():.3f})" for g in HARD_GROUPS)
+    reworded = f"{ev.rewritten_kept.mean():.3f}" if ev.rewritten_kept is not None else "="
+    print(
+        f"| {label} | {ev.kept.mean():.3f} / {ev.kept.min():.3f} | {np.mean(plain):.3f} / {min(plain):.3f} | "
+        f"{hard} | {reworded} | {stored} | {cost} |"
+    )
+
+
+def _print_group_table(label: str, ev: ood.SplitEvaluation, groups: list[str]) -> None:
+    quantiles = np.percentile(ev.kept, [5, 50, 95]).round(3).tolist()
+    print(f"\n{label}: kept share over the splits: 5/50/95% quantiles {quantiles}, sd {ev.kept.std():.3f}\n")
+    print("| group | queries | AUROC mean (min) | flagged mean (min) |\n|---|---|---|---|")
+    for name in dict.fromkeys(groups):
+        print(
+            f"| {name} | {groups.count(name)} | {ev.auroc[name].mean():.3f} ({ev.auroc[name].min():.3f}) | "
+            f"{ev.flagged[name].mean():.3f} ({ev.flagged[name].min():.3f}) |"
+        )
+
+
+def report(seeds: int) -> None:
+    data = embed_everything()
+    pilot, outside, groups, tasks = data["pilot"], data["ood"], data["groups"], data["tasks"]
+    print(f"embedded {len(pilot)} pilot prompts in {data['pilot_seconds']:.1f} s")
+    prompts = [task["prompt"] for task in tasks]
+    queries, _ = read_ood_queries()
+    model, tokenizer = load_router(None)
+    _, pilot_questions = run_router(model, tokenizer, [question_only(prompt) for prompt in prompts])
+    _, ood_questions = run_router(model, tokenizer, [question_only(query) for query in queries])
+    pooled_pilot = question_pooled_embeddings(model, tokenizer, prompts)
+    pooled_ood = question_pooled_embeddings(model, tokenizer, queries)
+    pooled_pilot_questions = question_pooled_embeddings(model, tokenizer, [question_only(p) for p in prompts])
+
+    splits = range(seeds)
+    dim = pilot.shape[1]
+    fit_rows = ood.split_indices(len(pilot), (0.6, 0.2, 0.2), 0)[0]
+    print(f"\n{seeds} seeded splits 60/20/20 (fit/calibration/test), keep share {KEEP}; hard groups: flagged (AUROC)\n")
+    print(
+        "| method | kept (mean / min) | plain flagged (mean / worst group) | "
+        + " | ".join(HARD_GROUPS)
+        + " | pilot questions without wrapper kept | stored bytes (float32) | score µs/query |"
+    )
+    print("|" + "---|" * (7 + len(HARD_GROUPS)))
+    evaluations = {}
+    for method in ("mahalanobis", "mahalanobis_lw", "mahalanobis_raw", "knn1", "knn5", "knn10"):
+        ev = ood.evaluate_splits(pilot, outside, groups, method, splits, rewritten_embeddings=pilot_questions)
+        evaluations[method] = ev
+        stored = 4 * (len(fit_rows) * dim + 1) if method.startswith("knn") else 4 * (dim + dim * dim + 1)
+        cost = _mean_cost_per_query(ood.make_scorer(method, pilot[fit_rows]), np.tile(pilot, (2, 1)))
+        _print_method_row(method, ev, f"{stored:,}", f"{cost * 1e6:.1f}")
+    pooled = ood.evaluate_splits(
+        pooled_pilot, pooled_ood, groups, "mahalanobis", splits, rewritten_embeddings=pooled_pilot_questions
+    )
+    _print_method_row("mahalanobis, question tokens pooled (same pass)", pooled, "same", "same + pooling")
+    second = ood.evaluate_splits(pilot_questions, ood_questions, groups, "mahalanobis", splits)
+    _print_method_row("mahalanobis, question text embedded (second pass)", second, "same", "same + a backbone pass")
+
+    _print_group_table(
+        "chosen: mahalanobis (unit rows, OAS) of the router's embedding", evaluations["mahalanobis"], groups
+    )
+    _print_group_table("remedy: the same on question tokens pooled", pooled, groups)
+
+    shipped = ood.fit_guard_split(pilot, KEEP)
+    print(
+        f"\nguard on all {len(pilot)} prompts (fit_guard_split, seed 0): threshold {shipped.threshold:.4f}, "
+        f"OAS weight {shipped.metadata['shrinkage_weight']}, n_fit {shipped.metadata['n_fit']}, "
+        f"n_calibration {shipped.metadata['n_calibration']}, flags {shipped.flags(outside).mean():.3f} of the OOD set"
+    )
+    agent_names = list(model.config.id2label.values())
+    plain = np.isin(groups, PLAIN_GROUPS)
+    for label, picks in (("pilot prompts", data["pilot_picks"]), ("plain OOD queries", data["ood_picks"][plain])):
+        counts = np.bincount(picks, minlength=len(agent_names)).tolist()
+        print(f"router's picks on the {len(picks)} {label}: {dict(zip(agent_names, counts, strict=True))}")
+
+    rewards = read_jsonl(PILOT / "rewards.jsonl", "rewards")
+    agents = rewards[0]["agent_order"]
+    train = [row for row in rewards if row["split"] != "test"]
+    train_ids = {row["task_id"] for row in train}
+    table = np.array([row["mean_reward"] for row in train])
+    calls = [
+        call
+        for row in read_jsonl(PILOT / "rewards.v1-pilot.jsonl", "pilot calls")
+        if row["task_id"] in train_ids
+        for call in row["calls"]
+    ]
+    costs = np.array([np.mean([call["cost_usd"] for call in calls if call["agent"] == agent]) for agent in agents])
+    print(f"\nfallback on the {len(train)} training rows (split != test):")
+    for agent, reward, cost in zip(agents, table.mean(0), costs, strict=True):
+        print(f"  {agent}: mean reward {reward:.4f}, mean cost per call {cost * 1e6:.1f} µUSD")
+    print(f"  best fixed agent: {agents[ood.fallback_agent(table)]}")
+    for tolerance in (0.0, 0.02, 0.05, 0.1):
+        print(f"  cheapest within {tolerance}: {agents[ood.fallback_agent(table, costs, tolerance)]}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Print the measured tables of docs/ood-guard.md.")
+    parser.add_argument("--report", action="store_true", required=True)
+    parser.add_argument("--seeds", type=int, default=100)
+    arguments = parser.parse_args()
+    if not (PILOT / "tasks.v1.jsonl").exists():
+        sys.exit(f"pilot data not found at {PILOT}")
+    report(arguments.seeds)
