@@ -73,7 +73,7 @@ from benchgen_router.files import (
     text_problem,
 )
 from benchgen_router.loading import load_router
-from benchgen_router.routing import results_from_logits, run_router
+from benchgen_router.routing import results_for, run_router
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -112,16 +112,15 @@ def route_texts(router: Any, tokenizer: Any, texts: Sequence[str]) -> list[dict[
     """pick_agent's result for each text, from one run_router call. A text the model still refuses
     (ValueError: it checks for empty queries itself) gets its one-line reason instead of a result,
     found by routing the batch's texts one at a time, so it never fails the others."""
-    agents = router.config.agent_order
     try:
-        logits, _ = run_router(router, tokenizer, texts)
-        return results_from_logits(logits, agents)
+        logits, embeddings = run_router(router, tokenizer, texts)
+        return results_for(router, logits, embeddings)
     except ValueError:
         outcomes: list[dict[str, Any] | str] = []
         for text in texts:
             try:
-                logits, _ = run_router(router, tokenizer, [text])
-                outcomes.append(results_from_logits(logits, agents)[0])
+                logits, embeddings = run_router(router, tokenizer, [text])
+                outcomes.append(results_for(router, logits, embeddings)[0])
             except ValueError as err:
                 outcomes.append(first_line(err))
         return outcomes
@@ -269,6 +268,13 @@ class RouteResult(BaseModel):
     agent_index: int = Field(description="Its position in the pool.")
     probabilities: dict[str, float] = Field(description="Softmax of the logits, by agent id, pool order.")
     logits: dict[str, float] = Field(description="The head's raw score of each agent, pool order.")
+    out_of_distribution: bool | None = Field(
+        None, description="Routers with a guard: the query is unlike the training distribution."
+    )
+    ood_score: float | None = Field(None, description="Routers with a guard: the guard's score (higher: further out).")
+    head_pick: str | None = Field(
+        None, description="Flagged queries: the head's own choice (picked_agent is then the fallback agent)."
+    )
 
 
 class RouterInfo(BaseModel):

@@ -410,7 +410,6 @@ def test_flagged_query_goes_to_the_fallback_everywhere(guarded):
     assert router(query)[0]["label"] == head_choice
 
 
-@pytest.mark.xfail(reason="benchgen-router route builds its results with routing.results_for", strict=True)
 def test_route_json_returns_the_fallback_for_a_flagged_query(guarded):
     result = run_tool("route", "--model", guarded["guarded"], "--json", FOREIGN[0])
     assert result.returncode == 0, result.stderr

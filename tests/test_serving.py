@@ -400,6 +400,19 @@ def test_a_killed_replica_is_replaced_while_the_other_answers(service, expected)
     assert statuses == [200] * 16
 
 
+def test_a_flagged_query_gets_the_fallback_from_the_service_too(service):
+    """The committed router carries an out-of-distribution guard: a Turkish question is flagged and
+    answered by the fallback agent, exactly as pick_agent answers it."""
+    query = "Türkiye'nin başkenti neresidir ve nüfusu ne kadardır?"
+    expected = pick_agent(query)
+    assert expected["out_of_distribution"] and expected["picked_agent"] == "frontier_b"
+    status, body = route(service, [query])
+    assert status == 200
+    (result,) = body["results"]
+    assert result["out_of_distribution"] and result["picked_agent"] == expected["picked_agent"]
+    assert result["head_pick"] == expected["head_pick"] and abs(result["ood_score"] - expected["ood_score"]) < 1e-3
+
+
 # ---------------------------------------------------------------------------------------------
 # Bulk routing with Ray Data
 

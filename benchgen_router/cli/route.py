@@ -121,12 +121,14 @@ def chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
 def route_chunk(router: Any, tokenizer: Any, queries: list[Any], args: argparse.Namespace) -> tuple[list, list]:
     """(records for the routable queries, Skipped for those that tokenize to nothing), input order."""
     from benchgen_router.files import Skipped
-    from benchgen_router.routing import EmptyQueryError, results_from_logits, run_router
+    from benchgen_router.routing import EmptyQueryError, results_for, run_router
 
     skipped = []
     while queries:
         try:
-            logits, _ = run_router(router, tokenizer, [q.text for q in queries], args.batch_size, args.max_batch_tokens)
+            logits, embeddings = run_router(
+                router, tokenizer, [q.text for q in queries], args.batch_size, args.max_batch_tokens
+            )
             break
         except EmptyQueryError as err:
             empty = set(err.positions)
@@ -137,7 +139,7 @@ def route_chunk(router: Any, tokenizer: Any, queries: list[Any], args: argparse.
             queries = [q for i, q in enumerate(queries) if i not in empty]
     else:
         return [], skipped
-    results = results_from_logits(logits, router.config.agent_order)
+    results = results_for(router, logits, embeddings)
     return [
         {"line": q.line, **({"id": q.id} if q.id is not None else {}), **r}
         for q, r in zip(queries, results, strict=True)
@@ -156,7 +158,7 @@ def route_command_line(args: argparse.Namespace) -> int:
     """Queries given as arguments: each must be routable (else one line, exit 2), printed in order."""
     from benchgen_router.errors import UsageError
     from benchgen_router.files import Query, text_problem
-    from benchgen_router.routing import EmptyQueryError, results_from_logits, run_router
+    from benchgen_router.routing import EmptyQueryError, results_for, run_router
 
     queries = []
     for position, query in enumerate(args.queries, start=1):
@@ -165,13 +167,15 @@ def route_command_line(args: argparse.Namespace) -> int:
         queries.append(Query(position, query))
     router, tokenizer = load(args)
     try:
-        logits, _ = run_router(router, tokenizer, [q.text for q in queries], args.batch_size, args.max_batch_tokens)
+        logits, embeddings = run_router(
+            router, tokenizer, [q.text for q in queries], args.batch_size, args.max_batch_tokens
+        )
     except EmptyQueryError as err:
         numbers = [queries[i].line for i in err.positions]
         raise UsageError(
             f"query {numbers} tokenizes to nothing but special tokens; a router cannot score it."
         ) from None
-    write_records(sys.stdout, results_from_logits(logits, router.config.agent_order), as_json=args.json)
+    write_records(sys.stdout, results_for(router, logits, embeddings), as_json=args.json)
     return EXIT_OK
 
 
