@@ -90,6 +90,9 @@ def same_result(got: dict, expected: dict) -> bool:
         and list(got["logits"]) == list(expected["logits"])
         and np.allclose(list(got["logits"].values()), list(expected["logits"].values()), atol=1e-4)
         and np.allclose(list(got["probabilities"].values()), list(expected["probabilities"].values()), atol=1e-5)
+        and got.get("out_of_distribution") == expected.get("out_of_distribution")
+        and got.get("head_pick") == expected.get("head_pick")
+        and np.isclose(got.get("ood_score", 0.0), expected.get("ood_score", 0.0), rtol=1e-4)
     )
 
 
@@ -423,10 +426,12 @@ def local_records(tmp_path: Path, source: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
+SCORES = ("logits", "probabilities", "ood_score")  # equal to float32 rounding, not bit for bit
+
+
 def same_records(got: list[dict], want: list[dict]) -> bool:
     return len(got) == len(want) and all(
-        {k: v for k, v in a.items() if k not in ("logits", "probabilities")}
-        == {k: v for k, v in b.items() if k not in ("logits", "probabilities")}
+        {k: v for k, v in a.items() if k not in SCORES} == {k: v for k, v in b.items() if k not in SCORES}
         and same_result(
             {k: a[k] for k in b if k not in ("line", "id")}, {k: b[k] for k in b if k not in ("line", "id")}
         )
