@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -644,3 +645,12 @@ def evaluate_guard(
         "auroc": auroc(inside, outside),
         "groups": per_group,
     }
+
+
+def group_lines(groups: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One printed line per OOD group: its size, the share flagged and the AUROC against in-distribution."""
+    return [
+        f"  {group:<28} {figures['queries']:>3} queries  flagged {figures['flagged_share']:.3f}  "
+        f"AUROC {figures['auroc']:.3f}"
+        for group, figures in groups.items()
+    ]

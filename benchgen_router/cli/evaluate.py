@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from benchgen_router.cli.common import EXIT_CODES_HELP, add_batching_arguments, add_dtype_arguments
+from benchgen_router.ood import group_lines
 
 logger = logging.getLogger("benchgen_router")
 
@@ -143,9 +144,5 @@ def format_guard_evaluation(guard: dict) -> str:
         f"{guard['ood_queries_file']}: AUROC {guard['auroc']:.3f}, flagged {guard['ood_flagged_share']:.3f}; "
         f"kept {guard['in_distribution_kept_share']:.3f} of {guard['in_distribution_rows']}"
     ]
-    for group, figures in guard["groups"].items():
-        lines.append(
-            f"  {group:<28} {figures['queries']:>3} queries  flagged {figures['flagged_share']:.3f}  "
-            f"AUROC {figures['auroc']:.3f}"
-        )
+    lines += group_lines(guard["groups"])
     return "\n".join(lines)

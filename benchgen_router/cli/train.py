@@ -50,6 +50,7 @@ from benchgen_router.cli.common import (
 )
 from benchgen_router.data import DEFAULT_TEST_SPLIT
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH
+from benchgen_router.ood import group_lines
 from benchgen_router.training import CMA_LIBRARIES, DEFAULT_CMA_LIBRARY, MIN_POPSIZE
 
 logger = logging.getLogger("benchgen_router")
@@ -417,11 +418,7 @@ def format_guard(record: dict[str, Any]) -> str:
             f"on {evaluation['ood_queries']} OOD queries ({evaluation['ood_queries_file']}): AUROC "
             f"{evaluation['auroc']:.3f}, flagged {evaluation['ood_flagged_share']:.3f}"
         )
-        for group, figures in evaluation["groups"].items():
-            lines.append(
-                f"  {group:<28} {figures['queries']:>3} queries  flagged {figures['flagged_share']:.3f}  "
-                f"AUROC {figures['auroc']:.3f}"
-            )
+        lines += group_lines(evaluation["groups"])
     return "\n".join(lines)
 
 
