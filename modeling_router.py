@@ -228,9 +228,10 @@ class RouterModel(PreTrainedModel):
     _supports_flash_attn_2 = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    # The head and the guard are tiny and score in float32 whatever dtype the backbone runs in.
-    _keep_in_fp32_modules = ["head", *OOD_TENSORS]
-    _keep_in_fp32_modules_strict = ["head", *OOD_TENSORS]
+    # The head is tiny and scores in float32 whatever dtype the backbone runs in. (These lists name
+    # modules only, so the guard's buffers are cast to float32 where they are loaded.)
+    _keep_in_fp32_modules = ["head"]
+    _keep_in_fp32_modules_strict = ["head"]
 
     def __init__(self, config: RouterConfig, backbone: PreTrainedModel | None = None) -> None:
         super().__init__(config)
