@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
 DEFAULT_TRUNCATION_LENGTH = 1024  # the reference embeds with truncation=True, max_length=1024
+# Operating point names are module names in the state dict (head.<name>.weight): no dots, not numeric.
+OPERATING_POINT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 
 class RouterConfig(PretrainedConfig):
@@ -62,6 +65,18 @@ class RouterConfig(PretrainedConfig):
         ood_calibration (`dict`, *optional*):
             How the threshold was calibrated and what the guard measured (keep share, held-out kept
             share, AUROC and flagged share per out-of-distribution group). Informational only.
+        operating_points (`dict`, *optional*):
+            Heads trained at several quality/cost/latency trade-offs, by name: `{name: {"cost_weight": c,
+            "latency_weight": l, ...}}`, where each head was trained to maximise reward - c * (USD per
+            1,000 queries) - l * (seconds per query); other keys (cross-validated reward, cost and
+            latency) are informational. With them, `model.safetensors` holds one head per name
+            (`head.<name>.weight`, ...). Empty (the default, the original release's layout): one head
+            (`head.weight`, ...).
+        operating_point (`str`, *optional*):
+            The operating point whose head answers when `forward` is given none: a name of
+            `operating_points` (defaults to the first in name order: config.json stores keys sorted).
+            Set it when loading
+            (`from_pretrained(..., operating_point="quality")`) to change the default.
         training (`dict`, *optional*):
             Provenance copied from the trainer's manifest (rewards dataset, split sizes, rewards,
             baselines, ...). Informational only: nothing at inference time reads it.
@@ -88,6 +103,8 @@ class RouterConfig(PretrainedConfig):
         ood_guard: bool = True,
         ood_score: str | None = None,
         ood_calibration: dict[str, Any] | None = None,
+        operating_points: dict[str, dict[str, Any]] | None = None,
+        operating_point: str | None = None,
         training: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -121,6 +138,11 @@ class RouterConfig(PretrainedConfig):
         self.ood_guard = bool(ood_guard)
         self.ood_score = ood_score
         self.ood_calibration = ood_calibration or {}
+        self.operating_points = _checked_operating_points(operating_points)
+        if operating_point is None and self.operating_points:
+            operating_point = min(self.operating_points)
+        self.operating_point = operating_point
+        self.check_operating_point(operating_point)
         self.training = training or {}
         super().__init__(**kwargs)
         pool = list((self.id2label or {}).values())
@@ -142,6 +164,21 @@ class RouterConfig(PretrainedConfig):
         """The agent ids in logit order."""
         return [self.id2label[i] for i in range(len(self.id2label))]
 
+    def check_operating_point(self, name: str | None) -> str | None:
+        """The operating point `name` (None: the configured one), or a ValueError naming the choices."""
+        if not self.operating_points:
+            if name is not None:
+                raise ValueError(
+                    f"this router has a single head and no operating points; drop operating_point={name!r}."
+                )
+            return None
+        name = self.operating_point if name is None else name
+        if name not in self.operating_points:
+            raise ValueError(
+                f"operating_point {name!r} is not one of this router's: {', '.join(sorted(self.operating_points))}."
+            )
+        return name
+
     @property
     def has_ood_guard(self) -> bool:
         """Whether the checkpoint carries an out-of-distribution guard (whether or not it is switched on)."""
@@ -151,3 +188,21 @@ class RouterConfig(PretrainedConfig):
     def embedding_dim(self) -> int:
         """Size of the pooled embedding: the backbone's hidden size."""
         return self.text_config.hidden_size
+
+
+def _checked_operating_points(points: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """The operating points as given, after checking their names and trade-off weights."""
+    if not points:
+        return {}
+    if not isinstance(points, dict):
+        raise ValueError(f"operating_points must be a dict of name -> settings, got {type(points).__name__}.")
+    for name, settings in points.items():
+        if not isinstance(name, str) or not OPERATING_POINT_NAME.match(name):
+            raise ValueError(
+                f"operating point name {name!r} must start with a letter and hold only letters, digits, '_' or '-'."
+            )
+        for key in ("cost_weight", "latency_weight"):
+            value = settings.get(key) if isinstance(settings, dict) else None
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"operating point {name!r} needs a finite {key} >= 0, got {value!r}.")
+    return dict(points)

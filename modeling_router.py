@@ -238,7 +238,11 @@ class RouterModel(PreTrainedModel):
         if backbone is None:
             # Fresh or bundled model: from_pretrained builds this on the meta device, then loads weights.
             self.backbone = AutoModel.from_config(config.text_config)
-        self.head = build_head(config.embedding_dim, len(config.id2label), config.head_hidden_dim)
+        shape = (config.embedding_dim, len(config.id2label), config.head_hidden_dim)
+        if config.operating_points:  # one head per operating point, keyed by its name
+            self.head = nn.ModuleDict({name: build_head(*shape) for name in config.operating_points})
+        else:
+            self.head = build_head(*shape)
         if config.has_ood_guard:
             # Placeholders of the right shapes; the values come from the checkpoint.
             dim = config.embedding_dim
@@ -276,6 +280,12 @@ class RouterModel(PreTrainedModel):
         one and `config.ood_guard` has not switched it off."""
         return self.config.has_ood_guard and self.config.ood_guard
 
+    def head_for(self, operating_point: str | None = None) -> nn.Module:
+        """The head that scores queries at `operating_point` (None: `config.operating_point`); the one
+        head of a router without operating points. A name the router does not have is a ValueError."""
+        name = self.config.check_operating_point(operating_point)
+        return self.head if name is None else self.head[name]
+
     def ood_scores(self, embeddings: torch.Tensor) -> torch.Tensor:
         """The guard's score of each pooled embedding (batch, hidden) -> (batch,), float32: the squared
         Mahalanobis distance of the unit-length embedding to the in-distribution mean. A query is out
@@ -292,11 +302,14 @@ class RouterModel(PreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        operating_point: str | None = None,
     ) -> RouterOutput | tuple[torch.Tensor, ...]:
         """Score each query of a batch. Any padding side and any length: queries longer than
         config.truncation_length are cut as the tokenizer would have cut them. `labels` (agent
         indices) add a cross-entropy `loss`; `output_hidden_states` returns the backbone's (the
-        batch then runs padded, one query per row)."""
+        batch then runs padded, one query per row). `operating_point` picks the head of a router
+        with several (see RouterConfig.operating_points)."""
+        head = self.head_for(operating_point)  # before any work: a wrong name fails fast
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         # A query with no tokens beyond the tokenizer's own special ones ("" -> [] for Qwen,
@@ -334,8 +347,8 @@ class RouterModel(PreTrainedModel):
             output = self.backbone(**backbone_inputs, output_hidden_states=bool(output_hidden_states))
             embeddings = masked_mean_pool(output.last_hidden_state, attention_mask)
             hidden_states = output.hidden_states
-        head_weight = next(self.head.parameters())
-        logits = self.head(embeddings.to(device=head_weight.device, dtype=head_weight.dtype))
+        head_weight = next(head.parameters())
+        logits = head(embeddings.to(device=head_weight.device, dtype=head_weight.dtype))
         loss = None if labels is None else nn.functional.cross_entropy(logits, labels.to(logits.device).view(-1))
         result = RouterOutput(loss=loss, logits=logits, embeddings=embeddings, hidden_states=hidden_states)
         if self.guards_queries:

@@ -20,7 +20,13 @@ import numpy as np
 
 from benchgen_router.errors import UsageError, first_line
 from benchgen_router.folder import check_output_folder, render_card, write_router_folder
-from benchgen_router.head import check_float32_finite, head_param_count, theta_to_state_dict
+from benchgen_router.head import (
+    OPERATING_HEADS_FILE,
+    check_float32_finite,
+    head_param_count,
+    load_operating_heads,
+    theta_to_state_dict,
+)
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH, provenance, read_manifest
 from benchgen_router.ood import check_fallback_agent, guard_statistics_file, load_guard
 
@@ -102,6 +108,43 @@ def _head_only_router(config: Any, state: dict[str, Any]) -> Any:
     return model
 
 
+def operating_point_settings(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The RouterConfig settings of a release's operating points (none when it has one head): each
+    point's weights and its cross-validated figures, and the default point."""
+    points = manifest.get("operating_points")
+    if not points:
+        return {}
+    return {
+        "operating_points": {name: dict(settings) for name, settings in points.items()},
+        "operating_point": manifest.get("default_operating_point") or min(points),
+    }
+
+
+def head_state(
+    manifest: dict[str, Any], theta: np.ndarray, weights_path: Path, operating_heads: Path | None = None
+) -> dict[str, Any]:
+    """The head's state dict: the one head of head_weights.npy, or, for a release with operating points,
+    one head per point from operating_heads.safetensors (next to the weights unless `operating_heads`),
+    whose default point must be the head of head_weights.npy."""
+    agents, dim, hidden = manifest["agent_order"], manifest["embedding_dim"], manifest["head_hidden_dim"]
+    settings = operating_point_settings(manifest)
+    if not settings:
+        return theta_to_state_dict(theta, dim, len(agents), hidden)
+    source = operating_heads or Path(weights_path).with_name(OPERATING_HEADS_FILE)
+    names = list(settings["operating_points"])
+    thetas = load_operating_heads(source, names, theta.size)
+    default = settings["operating_point"]
+    if not np.array_equal(thetas[default], theta):
+        raise UsageError(
+            f"{weights_path} is not the head of the default operating point '{default}' in {source}; "
+            "pass the files the trainer wrote together."
+        )
+    state: dict[str, Any] = {}
+    for name in names:
+        state.update(theta_to_state_dict(thetas[name], dim, len(agents), hidden, prefix=f"head.{name}."))
+    return state
+
+
 def _bundled_router(config: Any, state: dict[str, Any], source: str, revision: str | None) -> Any:
     """A RouterModel with the backbone's real weights, for a self-contained checkpoint."""
     import torch
@@ -155,6 +198,7 @@ def convert_release(
     ood_stats: Path | None = None,
     ood_guard: bool = True,
     ood_fallback_agent: str | None = None,
+    operating_heads: Path | None = None,
 ) -> Path:
     """Validate a release, then write its router folder.
 
@@ -162,12 +206,14 @@ def convert_release(
     (default: the recorded id). The folder records `backbone_id`, else the manifest's
     backbone_model, else `backbone`. The manifest's backbone_revision applies unless another
     backbone id is named. The guard's statistics come from `ood_stats`, else ood_guard.safetensors
-    next to the weights when present; `ood_guard=False` leaves them out.
+    next to the weights when present; `ood_guard=False` leaves them out. A release with operating
+    points carries their heads in operating_heads.safetensors (or `operating_heads`).
     """
     manifest = read_manifest(manifest_path)
     agents = manifest["agent_order"]
     dim, hidden = manifest["embedding_dim"], manifest["head_hidden_dim"]
     theta = load_theta(Path(weights_path), head_param_count(dim, len(agents), hidden), manifest)
+    state = head_state(manifest, theta, Path(weights_path), operating_heads)
     guard, guard_settings = None, {}
     stats_file = guard_statistics_file(weights_path, ood_stats) if ood_guard else None
     if stats_file is not None:
@@ -202,9 +248,9 @@ def convert_release(
         tokenizer_class=tokenizer_class,
         architectures=["RouterModel"],
         **guard_settings,
+        **operating_point_settings(manifest),
     )
     config.dtype = "float32"  # the reference embeds in float32; "auto" loading resolves to this
-    state = theta_to_state_dict(theta, dim, len(agents), hidden)
     model = _bundled_router(config, state, source, revision) if bundle else _head_only_router(config, state)
     _set_guard(model, guard)
     card = render_card(config, recorded, revision, note=card_note)

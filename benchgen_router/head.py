@@ -7,11 +7,17 @@ logits = tanh(emb @ W1 + b1) @ W2 + b2. nn.Linear stores each W transposed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchgen_router.errors import UsageError
+
+# Heads of a checkpoint with operating points: one flat theta (float64) per operating point name,
+# next to head_weights.npy (which holds the default operating point's theta, for readers of the
+# reference format).
+OPERATING_HEADS_FILE = "operating_heads.safetensors"
 
 
 def head_param_count(embedding_dim: int, num_agents: int, hidden_dim: int) -> int:
@@ -51,20 +57,62 @@ def check_float32_finite(theta: np.ndarray, what: str) -> None:
         )
 
 
-def theta_to_state_dict(theta: np.ndarray, embedding_dim: int, num_agents: int, hidden_dim: int) -> dict[str, Any]:
-    """The RouterModel head's state dict (float32 tensors, `head.` prefix)."""
+def theta_to_state_dict(
+    theta: np.ndarray, embedding_dim: int, num_agents: int, hidden_dim: int, prefix: str = "head."
+) -> dict[str, Any]:
+    """The RouterModel head's state dict (float32 tensors; `head.` prefix, `head.<name>.` for the
+    head of operating point <name>)."""
     import torch
 
     parts = unflatten_theta(np.asarray(theta), embedding_dim, num_agents, hidden_dim)
-    names = (
-        ["head.weight", "head.bias"]
-        if hidden_dim == 0
-        else ["head.0.weight", "head.0.bias", "head.2.weight", "head.2.bias"]
-    )
+    names = ["weight", "bias"] if hidden_dim == 0 else ["0.weight", "0.bias", "2.weight", "2.bias"]
     return {
-        name: torch.from_numpy(np.ascontiguousarray(part.T if part.ndim == 2 else part, dtype=np.float32))
+        prefix + name: torch.from_numpy(np.ascontiguousarray(part.T if part.ndim == 2 else part, dtype=np.float32))
         for name, part in zip(names, parts, strict=True)
     }
+
+
+def save_operating_heads(path: str | Path, thetas: dict[str, np.ndarray]) -> Path:
+    """Write one flat float64 theta per operating point as safetensors, atomically."""
+    from safetensors.numpy import save
+
+    from benchgen_router.files import atomic_output
+
+    payload = save({name: np.ascontiguousarray(theta, dtype=np.float64) for name, theta in thetas.items()})
+    with atomic_output(Path(path), "wb") as handle:
+        handle.write(payload)
+    return Path(path)
+
+
+def load_operating_heads(path: str | Path, names: list[str], expected_size: int) -> dict[str, np.ndarray]:
+    """The flat theta of each named operating point from save_operating_heads' file, refusing a
+    missing name, a wrong size or values that are not finite in float32."""
+    from safetensors import SafetensorError, safe_open
+
+    source = Path(path)
+    if not source.is_file():
+        raise UsageError(
+            f"{source} not found; a release with operating points keeps their heads in {OPERATING_HEADS_FILE} "
+            "next to head_weights.npy."
+        )
+    try:
+        with safe_open(str(source), framework="np") as handle:
+            stored = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (not a dict)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise UsageError(f"{source} is not a readable safetensors file ({err}).") from None
+    thetas = {}
+    for name in names:
+        if name not in stored:
+            raise UsageError(f"{source} holds no head for operating point '{name}' (it has {sorted(stored)}).")
+        theta = stored[name]
+        if theta.ndim != 1 or theta.size != expected_size or not np.issubdtype(theta.dtype, np.floating):
+            raise UsageError(
+                f"{source}: the head of '{name}' is {theta.dtype} {tuple(theta.shape)}, not a flat float vector of "
+                f"{expected_size} values; pass the heads that belong to this manifest."
+            )
+        check_float32_finite(theta, f"{source} ('{name}')")
+        thetas[name] = theta.astype(np.float64)
+    return thetas
 
 
 def head_logits(thetas: np.ndarray, embeddings: np.ndarray, num_agents: int, hidden_dim: int) -> np.ndarray:

@@ -7,6 +7,7 @@ config (`config.training`) and shown on its model card, whatever its type.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,18 @@ PROJECT_KEYS = (
     "cma",
     "timings",
     "ood_guard",
+    "operating_points",
+    "default_operating_point",
+    "frontier",
+    "target_mode",
 )
 # Copied into config.training (provenance shown on the card; nothing at inference reads it). The
 # search history stays in the manifest: it is long and says nothing a router user needs.
-PROVENANCE_KEYS = tuple(k for k in REFERENCE_KEYS + PROJECT_KEYS if k not in ("history", "agent_order"))
+PROVENANCE_KEYS = tuple(
+    k
+    for k in REFERENCE_KEYS + PROJECT_KEYS
+    if k not in ("history", "agent_order", "operating_points", "default_operating_point")
+)
 DEFAULT_TRUNCATION_LENGTH = 1024  # REFERENCE.md: truncation=True, max_length=1024
 
 
@@ -89,7 +98,36 @@ def validate_manifest(manifest: Any, path: str | Path) -> dict[str, Any]:
     limit = manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH)
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise UsageError(f"manifest {path}: truncation_length must be a positive integer, got {limit!r}.")
+    check_operating_points(manifest, path)
     return manifest
+
+
+def check_operating_points(manifest: dict[str, Any], path: str | Path) -> None:
+    """operating_points: {name: {"cost_weight", "latency_weight", ...}} with default_operating_point among them."""
+    points = manifest.get("operating_points")
+    if points is None:
+        if manifest.get("default_operating_point") is not None:
+            raise UsageError(f"manifest {path} names a default_operating_point but has no operating_points.")
+        return
+    from benchgen_router.model_code import OPERATING_POINT_NAME  # the model code's rule (imports transformers)
+
+    if not isinstance(points, dict) or not points:
+        raise UsageError(f"manifest {path}: operating_points must be a non-empty object of name -> weights.")
+    for name, settings in points.items():
+        if not OPERATING_POINT_NAME.match(name):
+            raise UsageError(
+                f"manifest {path}: operating point name {name!r} must start with a letter and hold only "
+                "letters, digits, '_' or '-'."
+            )
+        for key in ("cost_weight", "latency_weight"):
+            value = settings.get(key) if isinstance(settings, dict) else None
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise UsageError(f"manifest {path}: operating point '{name}' needs a number {key} >= 0, got {value!r}.")
+    default = manifest.get("default_operating_point", min(points))
+    if default not in points:
+        raise UsageError(
+            f"manifest {path}: default_operating_point {default!r} is not one of its operating points {list(points)}."
+        )
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:

@@ -13,16 +13,21 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 _PACKAGED = PACKAGE_DIR / "default_router"
 
 try:  # a clone or an editable install
-    from configuration_router import DEFAULT_TRUNCATION_LENGTH, RouterConfig
+    from configuration_router import DEFAULT_TRUNCATION_LENGTH, OPERATING_POINT_NAME, RouterConfig
     from modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
 except ImportError:  # a wheel install
-    from benchgen_router.default_router.configuration_router import DEFAULT_TRUNCATION_LENGTH, RouterConfig
+    from benchgen_router.default_router.configuration_router import (
+        DEFAULT_TRUNCATION_LENGTH,
+        OPERATING_POINT_NAME,
+        RouterConfig,
+    )
     from benchgen_router.default_router.modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
 
 __all__ = [
     "AUTO_MAP",
     "CODE_FILES",
     "DEFAULT_TRUNCATION_LENGTH",
+    "OPERATING_POINT_NAME",
     "RouterConfig",
     "RouterModel",
     "default_router_dir",

@@ -178,13 +178,44 @@ def ood_scores_of(model: Any, embeddings: np.ndarray) -> np.ndarray | None:
         return model.ood_scores(torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32))).cpu().numpy()
 
 
-def results_for(model: Any, logits: np.ndarray, embeddings: np.ndarray) -> list[dict[str, Any]]:
-    """The result dicts of routed queries: results_from_logits() as it is when the router has no
-    guard (or `config.ood_guard` is False). With a guard, each dict also holds "out_of_distribution"
-    and "ood_score"; a flagged query goes to `config.ood_fallback_agent` ("picked_agent",
-    "agent_index") and "head_pick" names the head's own choice."""
+def operating_point_of(model: Any, operating_point: str | None) -> str | None:
+    """The operating point a call routes at (None: the router's default; None for a single-head
+    router), or UsageError naming the router's points."""
+    try:
+        return model.config.check_operating_point(operating_point)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def point_logits(model: Any, embeddings: np.ndarray, operating_point: str) -> np.ndarray:
+    """The logits of pooled embeddings under one operating point's head: the head forward() applies."""
+    import torch
+
+    head = model.head_for(operating_point)
+    weight = next(head.parameters())
+    with torch.inference_mode():
+        vectors = torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32))
+        return head(vectors.to(device=weight.device, dtype=weight.dtype)).float().cpu().numpy()
+
+
+def results_for(
+    model: Any, logits: np.ndarray, embeddings: np.ndarray, operating_point: str | None = None
+) -> list[dict[str, Any]]:
+    """The result dicts of routed queries (logits and embeddings from run_router): results_from_logits()
+    as it is when the router has one head and no guard (or `config.ood_guard` is False).
+
+    A router with operating points scores at `operating_point` (None: its default), and each dict
+    names it ("operating_point"). With a guard, each dict also holds "out_of_distribution" and
+    "ood_score"; a flagged query goes to `config.ood_fallback_agent` ("picked_agent", "agent_index")
+    and "head_pick" names the head's own choice."""
     agents = model.config.agent_order
+    point = operating_point_of(model, operating_point)
+    if point is not None and point != model.config.operating_point:
+        logits = point_logits(model, embeddings, point)  # run_router scored with the default head
     results = results_from_logits(logits, agents)
+    if point is not None:
+        for result in results:
+            result["operating_point"] = point
     scores = ood_scores_of(model, embeddings)
     if scores is None:
         return results
@@ -294,6 +325,7 @@ def pick_agent(
     progress: bool = False,
     backbone: str | None = None,
     revision: str | None = None,
+    operating_point: str | None = None,
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """Pick the agent that should answer a query (a dict) or each query of a list (a list of dicts,
     same order), the original release's `pick_agent`. A list is routed in batches as run_router
@@ -302,7 +334,8 @@ def pick_agent(
     `model`: see get_router; loads are cached, so calling this in a loop does not reload the
     router. `device` defaults to a GPU when there is one; `dtype` to the router's own (float32 for
     converted releases, the reference's picks); `dtype="bfloat16"` is the fast path on GPUs and on
-    CPUs with AMX or avx512_bf16.
+    CPUs with AMX or avx512_bf16. `operating_point` chooses the head of a router trained at several
+    quality/cost/latency trade-offs (its card lists them; None: the router's default).
 
     Raises TypeError for anything but a str or a sequence of str, ValueError for an empty query
     (blank, or tokenizing to nothing: EmptyQueryError names the positions), and UsageError (a
@@ -317,8 +350,9 @@ def pick_agent(
     if not queries:
         return []
     router, tokenizer = get_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision)
+    operating_point_of(router, operating_point)  # a wrong name is reported before any routing
     logits, embeddings = run_router(
         router, tokenizer, queries, batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress
     )
-    results = results_for(router, logits, embeddings)
+    results = results_for(router, logits, embeddings, operating_point)
     return results[0] if single else results

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import build_backbone, build_tokenizer, convert_release, write_release
+from helpers import build_backbone, build_tokenizer, convert_release, write_operating_release, write_release
 
 HF_HOME = pytest.StashKey[str]()  # the private Hub cache of this run, removed at its end
 
@@ -59,3 +59,15 @@ def converted(workdir, backbone_dir):
         convert_release(manifest, weights, out, backbone_dir)
         routers[hidden] = (out, np.load(weights))
     return routers
+
+
+OPERATING_POINTS = {"quality": (0.0, 0.0), "balanced": (0.2, 0.0), "fast": (0.0, 0.01)}
+
+
+@pytest.fixture(scope="session")
+def operating_router(workdir, backbone_dir):
+    """(folder, {point name: theta}) of a converted router with three operating points, 'balanced' the default."""
+    manifest, weights, thetas = write_operating_release(
+        workdir / "release-points", 32, OPERATING_POINTS, "balanced", seed=7, backbone=str(backbone_dir)
+    )
+    return convert_release(manifest, weights, workdir / "router-points", backbone_dir), thetas

@@ -145,6 +145,28 @@ def write_release(
     return folder / "manifest.json", folder / "head_weights.npy"
 
 
+def write_operating_release(
+    folder: Path, embedding_dim: int, points: dict[str, tuple[float, float]], default: str, seed: int = 0, **kwargs
+) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    """A release with one random head per operating point (name -> (cost weight, latency weight)):
+    manifest.json, head_weights.npy (the default point's head) and operating_heads.safetensors."""
+    from safetensors.numpy import save_file
+
+    manifest_path, weights = write_release(folder, embedding_dim, seed=seed, **kwargs)
+    size = np.load(weights).size
+    rng = np.random.default_rng(seed + 1)
+    thetas = {name: rng.normal(size=size) for name in points}
+    manifest = json.loads(manifest_path.read_text())
+    manifest["operating_points"] = {
+        name: {"cost_weight": cost, "latency_weight": latency} for name, (cost, latency) in points.items()
+    }
+    manifest["default_operating_point"] = default
+    manifest_path.write_text(json.dumps(manifest))
+    np.save(weights, thetas[default])
+    save_file(thetas, str(folder / "operating_heads.safetensors"))
+    return manifest_path, weights, thetas
+
+
 def convert_release(manifest: Path, weights: Path, out: Path, backbone: Path | str) -> Path:
     """Convert a release with the converter's command line, in-process; the folder records `backbone`
     (a local tiny model here), so it loads offline with no override."""

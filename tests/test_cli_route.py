@@ -484,3 +484,20 @@ def test_results_stream_out_before_the_whole_file_is_routed(converted, tmp_path)
         assert b"Traceback" not in process.stderr.read()
     finally:
         process.kill()
+
+
+def test_operating_point_flag_routes_with_that_head_and_a_wrong_one_is_exit_2(operating_router, tmp_path):
+    folder, _ = operating_router
+    result = run_tool("route", "--model", folder, "--operating-point", "fast", "--json", QUERIES[3])
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed == pick_agent(QUERIES[3], model=folder, operating_point="fast")
+    assert printed["operating_point"] == "fast"
+    queries = tmp_path / "queries.txt"
+    queries.write_text("\n".join(QUERIES[:5]) + "\n")
+    out = tmp_path / "picks.jsonl"
+    wrong = run_tool("route", "--model", folder, "--operating-point", "cheap", "-i", queries, "-o", out)
+    assert wrong.returncode == 2 and not out.exists()
+    assert (
+        wrong.stderr.strip().splitlines()[-1].endswith("'cheap' is not one of this router's: balanced, fast, quality.")
+    )

@@ -38,7 +38,7 @@ def test_auto_class_parity_per_query_and_batch16(converted, references, auto_cla
     folder, _ = converted[hidden]
     ref = references[hidden]
     model = auto_class.from_pretrained(folder, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     assert type(model).__name__ == "RouterModel"
     assert not model.training and not any(p.requires_grad for p in model.backbone.parameters())
 
@@ -74,7 +74,7 @@ def test_pipeline_parity(converted, references, hidden):
 def test_logits_do_not_depend_on_batch_neighbours_or_padding_side(converted, padding_side):
     folder, _ = converted[0]
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     tokenizer.padding_side = padding_side
     alone = np.concatenate([package_logits(model, tokenizer, [q]) for q in QUERIES[:8]])
     batched = package_logits(model, tokenizer, QUERIES[:8])
@@ -113,7 +113,7 @@ def test_mixed_length_batch_runs_packed_and_matches_the_reference(converted, ref
     folder, _ = converted[0]
     ref = references[0]
     model = AutoModel.from_pretrained(folder, trust_remote_code=True, attn_implementation=attn_implementation)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     assert model.packs_queries
     backbone = BackboneCalls(model)
     texts = QUERIES[:16]
@@ -146,7 +146,7 @@ def test_pipeline_batches_run_packed_too(converted, references):
 def test_pack_queries_false_runs_the_padded_batch_with_the_same_logits(converted):
     folder, _ = converted[0]
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     packed = package_logits(model, tokenizer, QUERIES[:16])
     model.config.pack_queries = False
     assert not model.packs_queries
@@ -161,7 +161,7 @@ def test_batch_that_packing_would_not_shrink_runs_padded(converted):
     """Queries of one length fill their rows exactly: packing would not save a position."""
     folder, _ = converted[0]
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     backbone = BackboneCalls(model)
     package_logits(model, tokenizer, ["same length query"] * 3)
     assert "position_ids" not in backbone.calls[0] and backbone.calls[0]["input_ids"].shape[0] == 3
@@ -219,7 +219,7 @@ def test_long_query_gets_the_truncated_reference_pick(converted, references):
     folder, _ = converted[0]
     ref = references[0]
     long_query = " ".join(QUERIES) * 4
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     assert len(tokenizer(long_query)["input_ids"]) > 1024 + 100
     ref_logits = ref.pick_agent(long_query)["logits"]  # the reference truncates to 1,024 tokens
 
@@ -239,7 +239,7 @@ def test_long_query_gets_the_truncated_reference_pick(converted, references):
 def test_empty_query_raises_a_clear_value_error(converted):
     folder, _ = converted[0]
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     with pytest.raises(ValueError, match="empty"):
         package_logits(model, tokenizer, [QUERIES[0], ""])
     router = pipeline("text-classification", model=str(folder), trust_remote_code=True)
@@ -264,7 +264,7 @@ def test_save_pretrained_round_trip(converted, references, tmp_path, bundled):
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
     model.config.bundled_backbone = bundled
     model.save_pretrained(tmp_path)
-    AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(folder, trust_remote_code=True).save_pretrained(tmp_path)
     keys = load_file(tmp_path / "model.safetensors").keys()
     assert any(k.startswith("backbone.") for k in keys) == bundled
     assert (tmp_path / "modeling_router.py").exists() and (tmp_path / "configuration_router.py").exists()
@@ -487,3 +487,44 @@ def test_parity_with_qwen3s_real_tokenizer(tmp_path):
     assert np.abs(reference.batch_logits(queries, 16) - expected).max() <= 1e-4
     router = pipeline("text-classification", model=str(out), trust_remote_code=True)
     assert [r["label"] for r in router(queries)] == [AGENTS[i] for i in expected.argmax(axis=1)]
+
+
+def test_each_operating_point_scores_with_its_own_head(operating_router, backbone_dir):
+    """A router with several heads: forward(operating_point=...) gives the literal reference's logits
+    of that point's theta; with none, the configured default's; from_pretrained(operating_point=...)
+    changes the default, and the pipeline follows it."""
+    folder, thetas = operating_router
+    stored = load_file(str(folder / "model.safetensors"))
+    assert sorted(stored) == sorted(f"head.{name}.{part}" for name in thetas for part in ("bias", "weight"))
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    assert model.config.operating_point == "balanced" and set(model.config.operating_points) == set(thetas)
+    queries = QUERIES[:6]
+    for name, theta in thetas.items():
+        reference = ReferenceRouter(str(backbone_dir), theta, AGENTS)
+        expected = reference.logits(reference.embed(queries))
+        with torch.inference_mode():
+            got = model(**tokenizer(queries, return_tensors="pt", padding=True), operating_point=name).logits.numpy()
+        assert np.abs(got - expected).max() <= TOL
+    balanced = ReferenceRouter(str(backbone_dir), thetas["balanced"], AGENTS)
+    assert np.abs(package_logits(model, tokenizer, queries) - balanced.logits(balanced.embed(queries))).max() <= TOL
+    fast = AutoModel.from_pretrained(folder, trust_remote_code=True, operating_point="fast")
+    reference = ReferenceRouter(str(backbone_dir), thetas["fast"], AGENTS)
+    expected = reference.logits(reference.embed(queries))
+    assert np.abs(package_logits(fast, tokenizer, queries) - expected).max() <= TOL
+    router = pipeline(
+        "text-classification", model=str(folder), trust_remote_code=True, model_kwargs={"operating_point": "fast"}
+    )
+    assert [r["label"] for r in router(queries)] == [AGENTS[i] for i in expected.argmax(axis=1)]
+
+
+def test_an_unknown_operating_point_is_a_clear_error(operating_router, converted):
+    folder, _ = operating_router
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    batch = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)(["What is 2 + 2?"], return_tensors="pt")
+    with pytest.raises(ValueError, match=r"'cheap' is not one of this router's: balanced, fast, quality"):
+        model(**batch, operating_point="cheap")
+    single = AutoModel.from_pretrained(converted[0][0], trust_remote_code=True)
+    with pytest.raises(ValueError, match="single head and no operating points"):
+        single(**batch, operating_point="quality")
+    assert single.config.operating_points == {} and single.config.operating_point is None

@@ -204,3 +204,27 @@ def test_padded_batches_are_bounded_by_the_token_budget_whatever_the_batch_size(
     batches = plan_batches(lengths, packed=False, batch_size=3000, max_batch_tokens=2048)
     assert all(len(batch) * max(lengths[i] for i in batch) <= 2048 for batch in batches)
     assert sorted(i for batch in batches for i in batch) == list(range(3100))
+
+
+def test_pick_agent_routes_at_each_operating_point(operating_router, backbone_dir):
+    """operating_point= picks that point's head (the literal reference's results over its theta), the
+    default is the router's configured one, each result names its point, and a wrong name is one line."""
+    folder, thetas = operating_router
+    queries = QUERIES[:12]
+    for name, theta in thetas.items():
+        reference = ReferenceRouter(str(backbone_dir), theta, AGENTS)
+        expected = np.concatenate([reference.logits(reference.embed([q])) for q in queries])
+        for result, row in zip(pick_agent(queries, model=folder, operating_point=name), expected, strict=True):
+            assert result.pop("operating_point") == name
+            check_result(result, row)
+    default = pick_agent(queries, model=folder)
+    assert default == pick_agent(queries, model=folder, operating_point="balanced")
+    with pytest.raises(UsageError, match="'cheap' is not one of this router's: balanced, fast, quality"):
+        pick_agent(queries[0], model=folder, operating_point="cheap")
+
+
+def test_a_single_head_router_refuses_an_operating_point_and_names_none(converted):
+    folder, _ = converted[0]
+    assert "operating_point" not in pick_agent(QUERIES[0], model=folder)
+    with pytest.raises(UsageError, match="single head and no operating points"):
+        pick_agent(QUERIES[0], model=folder, operating_point="quality")

@@ -82,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="torch intra-op threads (default: the CPUs this process may use)",
     )
+    add(
+        "--operating-point",
+        metavar="NAME",
+        help="for a router trained at several quality/cost/latency trade-offs: the head to route with "
+        "(names on its card; default: the router's own default)",
+    )
     add("--json", action="store_true", help="print JSON lines with the scores, not bare agent ids")
     add("--quiet", "-q", action="store_true", help="no progress bar and no summary")
 
@@ -139,7 +145,7 @@ def route_chunk(router: Any, tokenizer: Any, queries: list[Any], args: argparse.
             queries = [q for i, q in enumerate(queries) if i not in empty]
     else:
         return [], skipped
-    results = results_for(router, logits, embeddings)
+    results = results_for(router, logits, embeddings, args.operating_point)
     return [
         {"line": q.line, **({"id": q.id} if q.id is not None else {}), **r}
         for q, r in zip(queries, results, strict=True)
@@ -175,16 +181,17 @@ def route_command_line(args: argparse.Namespace) -> int:
         raise UsageError(
             f"query {numbers} tokenizes to nothing but special tokens; a router cannot score it."
         ) from None
-    write_records(sys.stdout, results_for(router, logits, embeddings), as_json=args.json)
+    write_records(sys.stdout, results_for(router, logits, embeddings, args.operating_point), as_json=args.json)
     return EXIT_OK
 
 
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
     from benchgen_router.hardware import resolve_device, set_threads
     from benchgen_router.loading import load_router
+    from benchgen_router.routing import operating_point_of
 
     set_threads(args.threads)
-    return load_router(
+    router, tokenizer = load_router(
         args.model,
         device=resolve_device(args.device),
         dtype=args.dtype,
@@ -192,6 +199,8 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
         revision=args.revision,
         allow_emulated_bf16=args.allow_emulated_bf16,
     )
+    operating_point_of(router, args.operating_point)  # a wrong name is reported before any input is read
+    return router, tokenizer
 
 
 def route_file(args: argparse.Namespace) -> int:
