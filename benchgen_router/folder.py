@@ -138,6 +138,108 @@ def figure_rows(training: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _percent(value: Any, of: Any) -> str:
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, of))
+    return f"{100 * value / of:.0f}%" if numbers and of else "n/a"
+
+
+def _cv_row(label: str, point: dict[str, Any], reference: dict[str, Any], agents: list[str]) -> str:
+    """One card table row of a cross-validated point (frontier.CVPoint fields)."""
+    share = point.get("share") if isinstance(point.get("share"), dict) else {}
+    shares = "/".join(f"{100 * share[a]:.0f}" if isinstance(share.get(a), int | float) else "?" for a in agents)
+    return (
+        f"| {label} | {_number(point.get('reward'))} ± {_number(point.get('reward_std_repeats'))} | "
+        f"{_number(point.get('delta_reward'))} ± {_number(point.get('delta_se'))} | "
+        f"{_number(point.get('cost_per_1k'))} ({_percent(point.get('cost_per_1k'), reference.get('cost_per_1k'))}) | "
+        f"{_number(point.get('latency_s'))} ({_percent(point.get('latency_s'), reference.get('latency_s'))}) | "
+        f"{shares} |"
+    )
+
+
+def value_section(config: Any) -> str:
+    """The card's section on quality, cost and latency (empty when the trainer measured none): each
+    operating point's cross-validated figures next to the fixed agents' on the same folds, and how to
+    choose a point."""
+    training = config.training if isinstance(config.training, dict) else {}
+    frontier = training.get("frontier") if isinstance(training.get("frontier"), dict) else None
+    points = config.operating_points or {}
+    if frontier is None and not points:
+        return ""
+    agents = config.agent_order
+    stored = [p for p in (frontier or {}).get("points", []) if isinstance(p, dict)]
+    by_name = {p.get("name"): p for p in stored}
+    reference_name = (frontier or {}).get("reference")
+    reference = by_name.get(reference_name, {})
+    lines = ["## Quality, cost and latency", ""]
+    if frontier is not None:
+        search = frontier.get("search", {})
+        lines += [
+            f"Measured by {_text(frontier.get('repeats'))}x repeated {_text(frontier.get('folds'))}-fold "
+            f"cross-validation over the {_text(frontier.get('rows'))} labelled tasks "
+            f"(CV seed {_text(frontier.get('cv_seed'))}, search "
+            f"`{json.dumps(search, sort_keys=True)}`): every head was retrained on each training fold and scored on "
+            "the held-out tasks' measured reward, billed cost and latency. Reward ± the standard deviation over "
+            f"repeats; Δ ± se: the paired difference to `{_text(reference_name)}` (the best fixed agent) and its "
+            'standard error over tasks, which is what "equal quality" has to be judged against. Cost in USD per '
+            "1,000 queries, latency in seconds per query, each with its share of the reference's; picks in % per "
+            f"agent ({'/'.join(agents)}).",
+            "",
+        ]
+    header = [
+        "| policy | reward ± rep | Δ ± se | USD / 1k | latency s | picks % |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    rows = []
+    if points:
+        for name in sorted(points, key=lambda n: (points[n].get("cost_weight", 0), points[n].get("latency_weight", 0))):
+            settings = points[name] if isinstance(points[name], dict) else {}
+            weights = f"cost {_text(settings.get('cost_weight'))}, latency {_text(settings.get('latency_weight'))}"
+            label = f"`{name}`{' (default)' if name == config.operating_point else ''}: {weights}"
+            cv = settings.get("cv") if isinstance(settings.get("cv"), dict) else None
+            rows.append(_cv_row(label, cv, reference, agents) if cv else f"| {label} | n/a | n/a | n/a | n/a | |")
+    else:
+        rows += [
+            _cv_row(f"router ({p.get('name')})", p, reference, agents) for p in stored if p.get("kind") == "router"
+        ]
+    rows += [
+        _cv_row(
+            _text(p.get("name")) + (" (in-sample bound)" if p.get("kind") == "oracle" else ""), p, reference, agents
+        )
+        for p in stored
+        if p.get("kind") in ("fixed", "best_fixed_train", "random") or p.get("name") == "oracle (cheapest best)"
+    ]
+    lines += header + rows + [""]
+    target = training.get("target_mode") if isinstance(training.get("target_mode"), dict) else None
+    if target is not None:
+        nested = (target.get("nested_cv") or {}).get("point") or {}
+        lines += [
+            f"The default was chosen by target mode (eps {_text(target.get('eps'))}): {_text(target.get('rule'))}. "
+            "That rule, run inside nested cross-validation so that the choice never sees the tasks it is scored on, "
+            f"reaches {_number(nested.get('reward'))} ± {_number(nested.get('reward_std_repeats'))} at "
+            f"{_number(nested.get('cost_per_1k'))} USD per 1,000 queries and {_number(nested.get('latency_s'))} s: "
+            "the honest expectation for a point chosen this way.",
+            "",
+        ]
+    if points:
+        default = _text(config.operating_point)
+        lines += [
+            f"Each operating point is its own head; `{default}` answers when none is named. Choose one per call:",
+            "",
+            "```python",
+            f'model(**batch, operating_point="{default}")',
+            f'AutoModel.from_pretrained(repo, trust_remote_code=True, operating_point="{default}")',
+            'pipeline("text-classification", model=repo, trust_remote_code=True,',
+            f'         model_kwargs={{"operating_point": "{default}"}})',
+            "```",
+            "",
+            f'With the `benchgen-router` package: `pick_agent(query, operating_point="{default}")`, '
+            f'`benchgen-router route --operating-point {default} ...`, or `"operating_point": "{default}"` in a '
+            "request to its HTTP service.",
+            "",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def guard_section(config: Any) -> str:
     """The card's section on the out-of-distribution guard (empty for a router without one), from
     config.ood_calibration: the calibration and, when the trainer measured it, the OOD query set."""
@@ -237,6 +339,7 @@ def render_card(
         "truncation_length": config.truncation_length,
         "card_note": f"\n{note.strip()}\n" if note and note.strip() else "",
         "guard_section": guard_section(config),
+        "value_section": value_section(config),
     }
     card = string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(values)
     return re.sub(r"\n\n+(?=license:)", "\n", card)  # no blank line where base_model was left out

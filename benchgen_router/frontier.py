@@ -42,7 +42,7 @@ from benchgen_router.embeddings import embed_prompts
 from benchgen_router.errors import UsageError
 from benchgen_router.files import atomic_output
 from benchgen_router.head import head_picks
-from benchgen_router.training import search_head
+from benchgen_router.training import SearchResult, search_head
 
 # The release trainer's search (separable CMA-ES, sigma0 0.5, 60 generations, seed 42) unless the caller passes others.
 DEFAULT_SEARCH: dict[str, Any] = {"hidden_dim": 0, "sigma0": 0.5, "generations": 60, "seed": 42}
@@ -132,6 +132,44 @@ def regularised_utility(utility: np.ndarray, shrink: float) -> np.ndarray:
     return (1 - shrink) * utility + shrink * utility.mean(axis=0)
 
 
+def _search_plan(search_kwargs: dict[str, Any] | None) -> tuple[dict[str, Any], float, list[int] | None]:
+    """(search_head keywords, shrink, ensemble seeds) of search options, validated before any work."""
+    kwargs = {**DEFAULT_SEARCH, **(search_kwargs or {})}
+    kwargs.pop("progress", None)
+    shrink = kwargs.pop("shrink", 0.0)
+    seeds = kwargs.pop("ensemble_seeds", None)
+    regularised_utility(np.zeros((1, 1)), shrink)
+    if seeds is not None:
+        if not isinstance(seeds, list | tuple) or not seeds or not all(isinstance(s, int) for s in seeds):
+            raise UsageError(f"ensemble_seeds {seeds!r} must be a non-empty list of integers.")
+        if kwargs["hidden_dim"] != 0:
+            raise UsageError("a seed ensemble averages linear heads only; use hidden_dim 0.")
+        seeds = list(seeds)
+    return kwargs, shrink, seeds
+
+
+def search_options_problem(search_kwargs: dict[str, Any] | None) -> str | None:
+    """Why these search options cannot run (one line), or None."""
+    try:
+        _search_plan(search_kwargs)
+    except UsageError as err:
+        return str(err)
+    return None
+
+
+def run_search(
+    embeddings: np.ndarray, utility: np.ndarray, search_kwargs: dict[str, Any] | None = None, progress: bool = False
+) -> tuple[np.ndarray, list[SearchResult]]:
+    """(theta, the search runs behind it) for one training set: see make_searcher for the options."""
+    kwargs, shrink, seeds = _search_plan(search_kwargs)
+    target = regularised_utility(utility, shrink)
+    if seeds is None:
+        result = search_head(embeddings, target, **kwargs, progress=progress)
+        return result.theta, [result]
+    runs = [search_head(embeddings, target, **{**kwargs, "seed": seed}, progress=progress) for seed in seeds]
+    return np.mean([run.theta for run in runs], axis=0), runs
+
+
 def make_searcher(search_kwargs: dict[str, Any] | None = None) -> tuple[Searcher, int]:
     """The search for one training set, and its hidden_dim.
 
@@ -142,22 +180,10 @@ def make_searcher(search_kwargs: dict[str, Any] | None = None) -> tuple[Searcher
       heads only: their logits are linear in theta, so the averaged theta routes exactly as
       averaging the heads' logits). `seed` is then unused.
     """
-    kwargs = {**DEFAULT_SEARCH, **(search_kwargs or {})}
-    kwargs.pop("progress", None)
-    shrink = kwargs.pop("shrink", 0.0)
-    seeds = kwargs.pop("ensemble_seeds", None)
-    regularised_utility(np.zeros((1, 1)), shrink)  # validate before any work
-    if seeds is not None:
-        if not isinstance(seeds, list | tuple) or not seeds or not all(isinstance(s, int) for s in seeds):
-            raise UsageError(f"ensemble_seeds {seeds!r} must be a non-empty list of integers.")
-        if kwargs["hidden_dim"] != 0:
-            raise UsageError("a seed ensemble averages linear heads only; use hidden_dim 0.")
+    kwargs, _, _ = _search_plan(search_kwargs)  # validated now, before any work
 
     def search(embeddings: np.ndarray, utility: np.ndarray) -> np.ndarray:
-        target = regularised_utility(utility, shrink)
-        if seeds is None:
-            return search_head(embeddings, target, **kwargs).theta
-        return np.mean([search_head(embeddings, target, **{**kwargs, "seed": seed}).theta for seed in seeds], axis=0)
+        return run_search(embeddings, utility, search_kwargs)[0]
 
     return search, int(kwargs["hidden_dim"])
 
@@ -646,6 +672,119 @@ def nested_target_cv(
     return TargetResult(eps, point, chosen, reference_point)
 
 
+IN_SAMPLE_SEARCH = {"in_sample": True}  # what evaluate_policies records as its "search": nothing was searched
+
+
+def evaluate_policies(
+    data: CostData,
+    router_picks: dict[str, np.ndarray],
+    weights: dict[str, tuple[float, float]] | None = None,
+) -> FrontierResult:
+    """In-sample operating points of fixed routers on the rows of `data`, against every fixed agent,
+    uniform random and the per-task oracles on the same rows, with the frontier marks and the AIQ.
+
+    `router_picks` maps a point name (e.g. "router balanced") to that router's pick per row, as agent
+    indices in `data.agents` order; `weights` gives each one's (cost weight, latency weight) where
+    known (an operating point's), the others get None. Nothing is trained or held out: the rows are
+    scored once (repeats = folds = 1, so ±rep and ±fold are 0), and a router trained on some of these
+    rows looks better on them than it will on new queries. Δref ± se is still the paired difference
+    to the best fixed agent and its standard error over tasks. The baselines are _summarise's, so
+    they are computed exactly as in the CV; "best fixed (train folds)" is left out, having no training
+    folds here (it would repeat the reference). With several routers the AIQ also has one entry per
+    router, each with the fixed agents only."""
+    rows, agents = len(data), len(data.agents)
+    if not router_picks:
+        raise ValueError("evaluate_policies needs at least one router's picks")
+    weights = weights or {}
+    extra: dict[str, tuple[str, np.ndarray]] = {}
+    for name, picks in router_picks.items():
+        picks = np.asarray(picks)
+        if picks.shape != (rows,) or picks.dtype.kind not in "iu" or (picks < 0).any() or (picks >= agents).any():
+            raise ValueError(f"picks of {name!r} must be {rows} agent indices in [0, {agents}), got {picks!r}")
+        extra[name] = ("router", _one_hot(picks, agents)[None])  # (1 repeat, rows, agents)
+    assignment = np.zeros((1, rows), dtype=int)  # a single "fold" holding every row
+    fixed_train = np.full((1, rows), best_fixed_agent(data.rewards, data.cost_per_1k))
+    result = _summarise(data, assignment, [], {}, {}, fixed_train, 1, 1, 0, dict(IN_SAMPLE_SEARCH), extra)
+    names = [p.name for p in result.points]
+    if len(set(names)) != len(names):
+        raise ValueError(f"router names {list(router_picks)} repeat a baseline's name")
+    result.points = [p for p in result.points if p.kind != "best_fixed_train"]
+    result.choices = {p.name: result.choices[p.name] for p in result.points}
+    routers = result.of_kind("router")
+    for point in routers:
+        if point.name in weights:
+            point.cost_weight, point.latency_weight = (float(w) for w in weights[point.name])
+    # routers first, as in the CV table
+    result.points = routers + [p for p in result.points if p.kind != "router"]
+    mark_frontier(result.points)  # again, without the dropped point (it changes no flag: it is the reference)
+    if len(routers) > 1:
+        fixed = [(p.cost_per_1k, p.reward) for p in result.of_kind("fixed")]
+        single = {
+            f"{p.name} + fixed agents": area_under_frontier([*fixed, (p.cost_per_1k, p.reward)], *result.aiq_window)
+            for p in routers
+        }
+        ordered = list(result.aiq.items())
+        at = [name for name, _ in ordered].index("router + fixed agents") + 1
+        result.aiq = dict(ordered[:at] + list(single.items()) + ordered[at:])
+    return result
+
+
+def plot_policies(result: FrontierResult, cost_png: str | Path, latency_png: str | Path, title: str = "") -> None:
+    """Reward vs cost and reward vs latency of an evaluate_policies result. plot_frontier draws a CV
+    grid's trade-off lines with error bars over repeats; here each router is one fixed policy scored
+    once, so routers and fixed agents are labelled points, with uniform random, the cheapest-of-best
+    oracle and the non-dominated frontier. PNGs written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for png, axis, flag, label in (
+        (cost_png, "cost_per_1k", "cost_frontier", "mean cost (USD per 1,000 queries)"),
+        (latency_png, "latency_s", "latency_frontier", "mean latency per query (s)"),
+    ):
+        fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+        for kind, marker, color, legend in (
+            ("router", "o", "tab:blue", "router"),
+            ("fixed", "D", "black", "fixed agent"),
+        ):
+            for number, p in enumerate(result.of_kind(kind)):
+                x = getattr(p, axis)
+                ax.plot(x, p.reward, marker, color=color, ms=7, label=legend if number == 0 else None)
+                ax.annotate(
+                    p.name.removeprefix("always "),
+                    (x, p.reward),
+                    textcoords="offset points",
+                    xytext=(5, -10),
+                    fontsize=8,
+                    color=color,
+                )
+        for p in result.of_kind("random"):
+            ax.plot(getattr(p, axis), p.reward, "P", color="gray", ms=6, label=p.name)
+        for p in result.of_kind("oracle"):
+            if p.name == "oracle (cheapest best)":
+                ax.plot(getattr(p, axis), p.reward, "*", color="tab:green", ms=12, label="oracle, cheapest of best")
+        line = sorted((getattr(p, axis), p.reward) for p in result.points if getattr(p, flag))
+        ax.step(
+            [x for x, _ in line],
+            [y for _, y in line],
+            where="post",
+            color="tab:red",
+            lw=1.5,
+            alpha=0.5,
+            label="non-dominated frontier",
+        )
+        ax.set_xlabel(label)
+        ax.set_ylabel("mean reward (in-sample, these rows)")
+        ax.set_title(title or f"fixed routers in-sample on {result.rows} rows (no CV)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        with atomic_output(png, "wb") as handle:
+            fig.savefig(handle, format="png")
+        plt.close(fig)
+
+
 # ---------------------------------------------------------------------------------------------
 # Multi-head checkpoints
 
@@ -698,9 +837,11 @@ def format_frontier(
     result: FrontierResult,
     kinds: Sequence[str] = ("router", "fixed", "best_fixed_train", "random", "oracle"),
     knn_ks: Sequence[int] = (),
+    title: str | None = None,
 ) -> str:
     """The frontier table as plain text (what train and evaluate print). `*` marks points on the
-    non-dominated reward/cost frontier, `+` on the reward/latency one (over FRONTIER_KINDS)."""
+    non-dominated reward/cost frontier, `+` on the reward/latency one (over FRONTIER_KINDS). `title`
+    replaces the first line, which describes a CV run (e.g. for evaluate_policies' in-sample table)."""
     agents = result.agents
     points = [p for p in result.points if p.kind in kinds or (p.kind == "knn" and int(p.name[3:].split()[0]) in knn_ks)]
     header = (
@@ -708,7 +849,8 @@ def format_frontier(
         f"{'USD/1k':>7} {'lat s':>6}  {'fr':<2}  share % ({', '.join(agents)})"
     )
     lines = [
-        f"{result.repeats}x repeated {result.folds}-fold CV over {result.rows} labelled rows "
+        title
+        or f"{result.repeats}x repeated {result.folds}-fold CV over {result.rows} labelled rows "
         f"(cv seed {result.cv_seed}; search {result.search}); reference: {result.reference}",
         "±rep: std over repeats; ±fold: std over folds; Δref ± se: paired difference to the reference "
         "and its standard error over tasks; USD per 1,000 queries; * cost frontier, + latency frontier",

@@ -390,3 +390,179 @@ def test_bad_config_value_is_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"error: config file {tmp_path / 'config.json'}: 'cma_generations' must be an integer, got 'sixty'."
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost and latency: operating points, the frontier, target mode
+
+
+def value_rows(count: int = 20, seed: int = 3) -> tuple[list[dict], list[dict], list[dict]]:
+    """(reward rows, task rows, raw call rows): frontier_a and open_cheap_reasoning are right on every
+    task, open_mid on none, the others at random; one call per task and agent, open_cheap_reasoning ten
+    times cheaper than frontier_a."""
+    rewards, tasks = synthetic_rows(count, seed)
+    rng = np.random.default_rng(seed)
+    prices = {
+        "frontier_a": 2e-4,
+        "frontier_b": 3e-4,
+        "frontier_c": 1e-4,
+        "open_mid": 1e-5,
+        "open_cheap_reasoning": 2e-5,
+    }
+    calls = []
+    for row in rewards:
+        correct = [
+            1.0
+            if agent in ("frontier_a", "open_cheap_reasoning")
+            else float(rng.integers(0, 2) * (agent != "open_mid"))
+            for agent in AGENTS
+        ]
+        row["mean_reward"] = correct
+        calls.append(
+            {
+                "task_id": row["task_id"],
+                "agent_order": list(AGENTS),
+                "mean_reward": correct,
+                "calls": [
+                    {
+                        "agent": a,
+                        "correct": bool(c),
+                        "cost_usd": prices[a],
+                        "latency_ms": 1000.0,
+                        "prompt_tokens": 10,
+                        "completion_tokens": 10,
+                    }
+                    for a, c in zip(AGENTS, correct, strict=True)
+                ],
+            }
+        )
+    return rewards, tasks, calls
+
+
+@pytest.fixture(scope="module")
+def value_run(tmp_path_factory, backbone_dir):
+    """A run with two operating points (reward only, and cost-heavy) and a plain run of the same data."""
+    folder = tmp_path_factory.mktemp("value-run")
+    rewards, tasks, calls = value_rows()
+    common = [
+        "--rewards", write_jsonl(folder / "r.jsonl", rewards), "--tasks", write_jsonl(folder / "t.jsonl", tasks),
+        "--backbone", backbone_dir, "--generations", "8", "--no-ood-guard", "--no-progress",
+        "--cache-dir", folder / "cache",
+    ]  # fmt: skip
+    plain = run_tool("train", *common, "--output-dir", folder / "plain", "--cv-folds", "0")
+    assert plain.returncode == 0, plain.stderr
+    args = [
+        *common, "--output-dir", folder / "out", "--export", folder / "router", "--calls",
+        write_jsonl(folder / "calls.jsonl", calls), "--operating-point", "quality=0",
+        "--operating-point", "thrifty=5", "--default-operating-point", "thrifty", "--cv-folds", "2",
+        "--cv-repeats", "2",
+    ]  # fmt: skip
+    result = run_tool("train", *args)
+    assert result.returncode == 0, result.stderr
+    return folder, result, args
+
+
+def test_operating_points_train_one_head_each_and_zero_weight_is_todays_head(value_run):
+    from safetensors.numpy import load_file
+
+    folder, result, _ = value_run
+    manifest = json.loads((folder / "out" / "manifest.json").read_text())
+    heads = load_file(str(folder / "out" / "operating_heads.safetensors"))
+    assert sorted(heads) == ["quality", "thrifty"]
+    # weight 0 is the reference search: the same head as a run without costs, bit for bit
+    assert np.array_equal(heads["quality"], np.load(folder / "plain" / "head_weights.npy"))
+    # head_weights.npy is the default point's head, for readers of the reference format
+    assert np.array_equal(np.load(folder / "out" / "head_weights.npy"), heads["thrifty"])
+    assert manifest["default_operating_point"] == "thrifty"
+    points = manifest["operating_points"]
+    assert points["thrifty"]["cost_weight"] == 5 and points["quality"]["latency_weight"] == 0
+    for name in ("quality", "thrifty"):
+        assert {"reward", "reward_std_repeats", "delta_se", "cost_per_1k", "latency_s", "share"} <= set(
+            points[name]["cv"]
+        )
+        assert points[name]["held_out"]["rows"] == 4
+    # at cost weight 5 (0.1 reward per cent per 1,000 queries) the cheaper of the two always-right agents wins
+    rewards, _, _ = value_rows()
+    data = join_rewards(rewards, json.loads("[" + ",".join((folder / "t.jsonl").read_text().splitlines()) + "]"))
+    model, tokenizer = load_router(folder / "router")
+    _, vectors = run_router(model, tokenizer, data.prompts)
+    thrifty = head_picks(heads["thrifty"], vectors.astype(np.float64), len(AGENTS), 0)
+    assert (np.array(AGENTS)[thrifty] == "open_cheap_reasoning").mean() >= 0.9
+    assert points["thrifty"]["cv"]["cost_per_1k"] < points["quality"]["cv"]["cost_per_1k"]
+    assert "frontier" in manifest and manifest["frontier"]["repeats"] == 2 and manifest["cross_validation"] is None
+    for png in ("frontier-cost.png", "frontier-latency.png"):
+        assert (folder / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "router lc5_ll0" in result.stdout and "always open_cheap_reasoning" in result.stdout
+    assert "default operating point: thrifty" in result.stdout
+
+
+def test_the_exported_router_serves_every_point_and_its_card_lists_them(value_run):
+    from benchgen_router.routing import pick_agent
+
+    folder, _, _ = value_run
+    config = json.loads((folder / "router" / "config.json").read_text())
+    assert config["operating_point"] == "thrifty" and set(config["operating_points"]) == {"quality", "thrifty"}
+    manifest = json.loads((folder / "out" / "manifest.json").read_text())
+    card = (folder / "router" / "README.md").read_text()
+    assert "## Quality, cost and latency" in card and "`thrifty` (default): cost 5" in card
+    thrifty_cv = manifest["operating_points"]["thrifty"]["cv"]
+    assert f"{thrifty_cv['reward']:.4f} ± {thrifty_cv['reward_std_repeats']:.4f}" in card
+    assert "| always frontier_a |" in card and "operating_point=" in card
+    query = "What is the derivative of x^3 + 2x?"
+    default = pick_agent(query, model=folder / "router")
+    assert default["operating_point"] == "thrifty"
+    assert pick_agent(query, model=folder / "router", operating_point="quality")["operating_point"] == "quality"
+
+
+def test_target_mode_chooses_the_default_and_records_its_nested_estimate(tmp_path, backbone_dir):
+    rewards, tasks, calls = value_rows()
+    args = [
+        "--rewards", write_jsonl(tmp_path / "r.jsonl", rewards), "--tasks", write_jsonl(tmp_path / "t.jsonl", tasks),
+        "--calls", write_jsonl(tmp_path / "c.jsonl", calls), "--backbone", backbone_dir, "--generations", "4",
+        "--no-ood-guard", "--no-progress", "--output-dir", tmp_path / "out", "--cv-folds", "2", "--cv-repeats", "1",
+        "--operating-point", "quality=0", "--operating-point", "thrifty=5", "--target-eps", "0.05",
+    ]  # fmt: skip
+    result = run_tool("train", *args)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    target = manifest["target_mode"]
+    # both agents are always right, so the cheap point is within any eps of the best fixed agent
+    assert target["chosen"] == "thrifty" == manifest["default_operating_point"]
+    assert 0 <= target["nested_cv"]["point"]["reward"] <= 1 and target["nested_cv"]["outer"] == "2x2-fold"
+    assert "target mode (eps 0.05): chose 'thrifty'" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--operating-point", "cheap=1"], "error: --operating-point trains for cost and latency: pass --calls FILE"),
+        (["--calls", "CALLS", "--operating-point", "a=1", "--operating-point", "a=2"], "names repeat: ['a']"),
+        (["--calls", "CALLS", "--operating-point", "a=1", "--operating-point", "b=1"], "have the same weights"),
+        (["--calls", "CALLS", "--operating-point", "a=1", "--default-operating-point", "b"], "'b' is not one of"),
+        (["--calls", "CALLS", "--operating-point", "a=1", "--target-eps", "0.01"], "give at least two"),
+        (["--calls", "missing.jsonl"], "error: --calls missing.jsonl not found"),
+        (["--pool", "CALLS"], "error: --pool prices calls: pass --calls FILE with it."),
+        (["--ensemble-seeds", "1,2", "--head-hidden-dim", "4"], "averages linear heads only"),
+        (["--shrink", "1"], "must be a number in [0, 1)"),
+    ],
+)
+def test_bad_cost_options_stop_with_one_line(extra, expected, tmp_path, backbone_dir, capsys):
+    rewards, tasks, calls = value_rows(14)
+    calls_file = str(write_jsonl(tmp_path / "c.jsonl", calls))
+    args = [
+        "--rewards", str(write_jsonl(tmp_path / "r.jsonl", rewards)),
+        "--tasks", str(write_jsonl(tmp_path / "t.jsonl", tasks)),
+        "--backbone", str(backbone_dir), "--output-dir", str(tmp_path / "out"),
+        *[calls_file if item == "CALLS" else item for item in extra],
+    ]  # fmt: skip
+    assert cli("train", *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value", ["cheap", "=1", "a=x", "a=1,2", "1a=1"])
+def test_a_malformed_operating_point_is_an_argparse_error(value, tmp_path, capsys):
+    assert cli("train", "--operating-point", value) == 2
+    err = capsys.readouterr().err
+    assert "argument --operating-point" in err and ("NAME=COST[:LATENCY]" in err or "trade-off" in err)

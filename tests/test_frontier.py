@@ -409,3 +409,55 @@ def test_analysis_command_end_to_end(backbone_dir, tmp_path, capsys):
     assert fr.main([*common, "--repeats", "1", "--folds", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: 1 labelled tasks have no row in the calls file") and "\n" not in err
+
+
+def test_evaluate_policies_scores_fixed_routers_in_sample_against_the_cv_baselines(tmp_path):
+    _, data = synthetic(rows=12)
+    data.rewards[:, 0] = np.linspace(0, 1, 12)
+    rows = np.arange(12)
+    routers = {"router a": rows % 3, "router b": np.ones(12, dtype=int)}
+    result = fr.evaluate_policies(data, routers, {"router a": (0.5, 0.01)})
+    assert [p.name for p in result.points[:2]] == ["router a", "router b"] and result.repeats == result.folds == 1
+    for name, picks in routers.items():
+        point = result.point(name)
+        assert point.reward == pytest.approx(data.rewards[rows, picks].mean())
+        assert point.cost_per_1k == pytest.approx(data.cost_per_1k[rows, picks].mean())
+        assert point.latency_s == pytest.approx(data.latency_s[rows, picks].mean())
+        assert point.share == pytest.approx({a: float((picks == j).mean()) for j, a in enumerate(data.agents)})
+        assert point.reward_std_repeats == point.reward_std_folds == 0.0
+    assert (result.point("router a").cost_weight, result.point("router a").latency_weight) == (0.5, 0.01)
+    assert result.point("router b").cost_weight is None
+    # the baselines are the CV's own: a fixed agent, random and the oracles do not depend on the folds
+    cv = fr.cross_validate_frontier(
+        np.eye(12), data, [fr.Tradeoff()], folds=3, repeats=1, search_kwargs=FAST, knn_ks=()
+    )
+    assert result.reference == cv.reference
+    for point in result.points[2:]:
+        other = cv.point(point.name)
+        for key in ("reward", "delta_reward", "delta_se", "cost_per_1k", "latency_s", "share"):
+            assert getattr(point, key) == pytest.approx(getattr(other, key), abs=1e-12), (point.name, key)
+    assert not result.of_kind("best_fixed_train") and "best fixed (train folds)" not in result.choices
+    candidates = [p for p in result.points if p.kind in fr.FRONTIER_KINDS]
+    flags = fr.non_dominated([(p.cost_per_1k, p.reward) for p in candidates])
+    assert [p.cost_frontier for p in candidates] == flags
+    fixed = [(p.cost_per_1k, p.reward) for p in result.of_kind("fixed")]
+    b = result.point("router b")
+    assert result.aiq["router b + fixed agents"] == pytest.approx(
+        fr.area_under_frontier([*fixed, (b.cost_per_1k, b.reward)], *result.aiq_window)
+    )
+    assert list(result.aiq)[:4] == [
+        "fixed agents",
+        "router + fixed agents",
+        "router a + fixed agents",
+        "router b + fixed agents",
+    ]
+    table = fr.format_frontier(result, title="in-sample, no CV")
+    assert table.splitlines()[0] == "in-sample, no CV" and fr.format_frontier(cv).splitlines()[0].startswith("1x ")
+    json.dumps(fr.frontier_to_dict(result))
+    fr.plot_policies(result, tmp_path / "cost.png", tmp_path / "latency.png", title="test")
+    for name in ("cost.png", "latency.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="agent indices"):
+        fr.evaluate_policies(data, {"router": np.full(12, 3)})
+    with pytest.raises(ValueError, match="repeat a baseline's name"):
+        fr.evaluate_policies(data, {"uniform random": rows % 3})

@@ -27,6 +27,20 @@ Held-out rule: rows whose split equals --test-split are held out. If no row has 
 is the default 'test', a seeded random 20% is held out (the reference rule); any other split name
 that no row carries is an error.
 
+Cost and latency (--calls, the raw per-call records; --pool, the agents' prices for calls with no
+billed cost): every labelled task gets its agents' mean cost (USD per 1,000 queries) and latency
+(seconds per query), and the cross-validation becomes the cost/latency frontier: --cv-repeats x
+--cv-folds CV of the router next to every fixed agent, the best fixed agent chosen on the training
+folds, uniform random and the oracles, printed, stored in the manifest (`frontier`) and plotted
+(frontier-cost.png, frontier-latency.png in --output-dir). --operating-point NAME=COST[:LATENCY]
+(repeatable) trains one head per trade-off, each maximising reward - COST x (USD per 1,000
+queries) - LATENCY x (seconds per query): COST 1 gives up 0.01 reward to save a cent per 1,000
+queries, LATENCY 0.01 gives up 0.01 reward to answer a second faster. The checkpoint carries every
+head; --default-operating-point names the one used when a caller names none, or --target-eps EPS
+chooses it: the cheapest point whose cross-validated reward is within EPS of the best fixed agent
+(the highest-reward point if none is), with that rule's own estimate from nested cross-validation
+(`target_mode` in the manifest). With every weight 0 the search is the reference's, bit for bit.
+
 --config FILE reads the reference trainer's JSON keys (model_id, model, rewards_dataset,
 tasks_dataset or tasks_path, test_split, head_hidden_dim, cma_seed, cma_sigma0, cma_generations,
 cma_population_size, device, output_dir); options given on the command line win over the file.
@@ -151,6 +165,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"pycma with CMA_diagonal=True, or cmaes.SepCMA (default: {DEFAULT_CMA_LIBRARY})",
     )
 
+    search.add_argument(
+        "--ensemble-seeds",
+        type=seed_list,
+        metavar="S1,S2,...",
+        help="one search per seed, the heads averaged (linear heads; steadier on few rows than one seed)",
+    )
+    search.add_argument(
+        "--shrink",
+        type=float,
+        default=0.0,
+        help="pull the fitness toward the agent best on average: (1 - s) U + s (column means of U) (default: 0)",
+    )
+
+    value = parser.add_argument_group("cost and latency")
+    value.add_argument("--calls", type=Path, help="raw per-call records (calls with cost_usd, latency_ms) per task")
+    value.add_argument("--pool", type=Path, help="agents.json prices, for calls that record no billed cost")
+    value.add_argument(
+        "--operating-point",
+        dest="operating_points",
+        action="append",
+        type=operating_point,
+        metavar="NAME=COST[:LATENCY]",
+        help="train a head for this trade-off (repeatable; needs --calls), e.g. balanced=0.2 or fast=0:0.01",
+    )
+    value.add_argument("--default-operating-point", metavar="NAME", help="the head used when none is named")
+    value.add_argument(
+        "--target-eps",
+        type=float,
+        metavar="EPS",
+        help="choose the default: the cheapest point within EPS of the best fixed agent's CV reward",
+    )
+    value.add_argument(
+        "--cv-repeats", type=positive_int, default=10, help="repeats of the cost/latency CV (default: 10)"
+    )
+    value.add_argument("--cv-seed", type=int, default=0, help="seed of the cost/latency CV folds (default: 0)")
+
     guard = parser.add_argument_group("out-of-distribution guard")
     guard.add_argument("--no-ood-guard", action="store_true", help="train no out-of-distribution guard (flag no query)")
     guard.add_argument(
@@ -172,6 +222,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--export", type=Path, metavar="DIR", help="also write the converted Hub folder here")
     output.add_argument("--card-note", metavar="TEXT|@FILE", help="markdown appended to the exported model card")
     output.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("give at least one seed")
+    return seeds
+
+
+def operating_point(text: str) -> tuple[str, Any]:
+    """NAME=COST[:LATENCY] -> (name, Tradeoff)."""
+    from benchgen_router.errors import UsageError
+    from benchgen_router.frontier import parse_grid
+    from benchgen_router.model_code import OPERATING_POINT_NAME
+
+    name, equals, weights = text.partition("=")
+    if not equals or not OPERATING_POINT_NAME.match(name):
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not NAME=COST[:LATENCY] with a NAME of letters, digits, '_' or '-' (e.g. balanced=0.2)"
+        )
+    try:
+        grid = parse_grid(weights)
+    except UsageError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if len(grid) != 1:
+        raise argparse.ArgumentTypeError(f"'{text}' names more than one trade-off; give one COST[:LATENCY] per point")
+    return name, grid[0]
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -224,12 +304,67 @@ def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         raise UsageError(f"--ood-keep-share must lie strictly between 0 and 1, got {args.ood_keep_share}.")
     if args.ood_queries is not None and not args.ood_queries.is_file():
         raise UsageError(f"--ood-queries {args.ood_queries} not found; pass a JSONL file of query, group rows.")
+    check_value_arguments(args)
     args.backbone_id = args.backbone_id or args.backbone
     args.output_dir = Path(args.output_dir)
     for flag, folder in (("--output-dir", args.output_dir), ("--export", args.export)):
         if folder is not None and folder.exists() and not folder.is_dir():
             raise UsageError(f"{flag} {folder} is a file; pass a folder.")
     return args
+
+
+def check_value_arguments(args: argparse.Namespace) -> None:
+    """The cost/latency and search options, checked before any work."""
+    from benchgen_router.errors import UsageError
+    from benchgen_router.frontier import search_options_problem
+
+    for flag, path in (("--calls", args.calls), ("--pool", args.pool)):
+        if path is not None and not path.is_file():
+            raise UsageError(f"{flag} {path} not found; pass the file (see --help).")
+    if args.pool is not None and args.calls is None:
+        raise UsageError("--pool prices calls: pass --calls FILE with it.")
+    points = args.operating_points or []
+    names = [name for name, _ in points]
+    if points and args.calls is None:
+        raise UsageError("--operating-point trains for cost and latency: pass --calls FILE (the per-call records).")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--operating-point names repeat: {sorted({n for n in names if names.count(n) > 1})}.")
+    if len({tradeoff for _, tradeoff in points}) != len(points):
+        raise UsageError("two --operating-point names have the same weights; give each point its own trade-off.")
+    if args.default_operating_point is not None and args.default_operating_point not in names:
+        raise UsageError(
+            f"--default-operating-point {args.default_operating_point!r} is not one of the --operating-point "
+            f"names {names or '(none given)'}."
+        )
+    if args.target_eps is not None:
+        if len(points) < 2:
+            raise UsageError("--target-eps chooses between operating points: give at least two --operating-point.")
+        if args.default_operating_point is not None:
+            raise UsageError("--target-eps chooses the default operating point; drop --default-operating-point.")
+        if not args.target_eps >= 0:
+            raise UsageError(f"--target-eps must be a reward difference >= 0, got {args.target_eps}.")
+        if not args.cv_folds:
+            raise UsageError("--target-eps chooses by cross-validation: --cv-folds must not be 0.")
+    problem = search_options_problem(search_options(args))
+    if problem:
+        raise UsageError(problem)
+
+
+def search_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The search settings of this run, in frontier.run_search's terms."""
+    options: dict[str, Any] = {
+        "hidden_dim": args.head_hidden_dim,
+        "sigma0": args.sigma0,
+        "generations": args.generations,
+        "seed": args.seed,
+        "popsize": args.popsize,
+        "library": args.cma_library,
+    }
+    if args.ensemble_seeds:
+        options["ensemble_seeds"] = args.ensemble_seeds
+    if args.shrink:
+        options["shrink"] = args.shrink
+    return options
 
 
 def read_card_note(note: str | None) -> str | None:
@@ -268,15 +403,20 @@ def run(args: argparse.Namespace) -> int:
     task_rows = load_rows(args.tasks, "tasks")
     data = join_rewards(reward_rows, task_rows)
     test, how = held_out_mask(data, args.test_split, args.seed)
+    cost_data = None
+    if args.calls is not None:
+        from benchgen_router.costs import costs_for_labelled
+
+        cost_data = costs_for_labelled(data, args.calls, args.pool)
 
     # The data are good: now the heavy imports (torch, transformers).
     from benchgen_router.convert import convert_release
     from benchgen_router.embeddings import default_cache_dir, embed_prompts
     from benchgen_router.evaluation import evaluate_picks
     from benchgen_router.files import staging_dir, to_json
-    from benchgen_router.head import head_picks
+    from benchgen_router.head import OPERATING_HEADS_FILE, head_picks, save_operating_heads
     from benchgen_router.ood import GUARD_FILE, save_guard
-    from benchgen_router.training import cross_validate, search_head
+    from benchgen_router.training import cross_validate
 
     logger.info(
         "%d labelled rows, %d agents: %d train, %d held out (%s)",
@@ -311,34 +451,61 @@ def run(args: argparse.Namespace) -> int:
         trained_guard = fit_task_guard(args, task_rows, data, test, embed)
         timings["ood_guard_seconds"] = time.perf_counter() - started
     embeddings, rewards = embedded.vectors.astype(np.float64), data.rewards
-    search = partial(
-        search_head,
-        hidden_dim=args.head_hidden_dim,
-        sigma0=args.sigma0,
-        generations=args.generations,
-        seed=args.seed,
-        popsize=args.popsize,
-        library=args.cma_library,
-    )
-    result = search(embeddings[~test], rewards[~test], progress=progress)
-    timings["search_seconds"] = result.seconds
-    picks = head_picks(result.theta, embeddings[test], len(data.agents), args.head_hidden_dim)
-    evaluation = evaluate_picks(picks, rewards[test], data.agents)
-    cv = None
-    if args.cv_folds:
+    options = search_options(args)
+    points = dict(args.operating_points or [])
+
+    # One head per operating point (or the one head), each searched on the training rows.
+    results = {
+        name: point_search(embeddings[~test], rewards[~test], point_utility(rewards, cost_data, t)[~test], options)
+        for name, t in (points or {None: None}).items()
+    }
+    timings["search_seconds"] = sum(result.seconds for result in results.values())
+
+    frontier, target, cv = None, None, None
+    if cost_data is not None and args.cv_folds:
+        frontier, target = cost_frontier(args, embeddings, cost_data, points, options, progress)
+        timings["frontier_cv_seconds"] = frontier.pop("seconds")
+    elif args.cv_folds:
         started = time.perf_counter()
+        search = partial(point_search, options=options)
         cv = cross_validate(
-            embeddings, rewards, data.agents, args.cv_folds, args.seed, args.head_hidden_dim, search, progress=progress
+            embeddings,
+            rewards,
+            data.agents,
+            args.cv_folds,
+            args.seed,
+            args.head_hidden_dim,
+            lambda e, r: search(e, r, r),
+            progress=progress,
         )
         timings["cross_validation_seconds"] = time.perf_counter() - started
+    default = None
+    if points:
+        default = args.default_operating_point or (target or {}).get("chosen") or next(iter(points))
+    result = results[default]
+    picks = head_picks(result.theta, embeddings[test], len(data.agents), args.head_hidden_dim)
+    evaluation = evaluate_picks(picks, rewards[test], data.agents)
 
     manifest = build_manifest(args, data, test, how, result, evaluation, cv, embedded, timings)
+    if points:
+        manifest["operating_points"] = operating_point_records(
+            points, results, frontier, cost_data, embeddings, test, args.head_hidden_dim
+        )
+        manifest["default_operating_point"] = default
+    if frontier is not None:
+        manifest["frontier"] = frontier
+    if target is not None:
+        manifest["target_mode"] = target
     if trained_guard is not None:
         manifest["ood_guard"] = trained_guard.record
     with staging_dir(args.output_dir) as staging:
         np.save(staging / "head_weights.npy", result.theta.astype(np.float64), allow_pickle=False)
+        if points:
+            save_operating_heads(staging / OPERATING_HEADS_FILE, {name: r.theta for name, r in results.items()})
         if trained_guard is not None:
             save_guard(staging / GUARD_FILE, trained_guard.guard)
+        if frontier is not None:
+            plot_training_frontier(frontier, staging)
         (staging / "manifest.json").write_text(to_json(manifest, indent=2) + "\n", encoding="utf-8")
     logger.info("wrote %s (head_weights.npy, manifest.json)", args.output_dir)
     if args.export is not None:
@@ -353,9 +520,177 @@ def run(args: argparse.Namespace) -> int:
         )
 
     print_report(result, evaluation, cv)
+    if frontier is not None:
+        print_frontier(frontier, target, default)
     if trained_guard is not None:
         print(format_guard(trained_guard.record))
     return 0
+
+
+def point_utility(rewards: Any, cost_data: Any, tradeoff: Any) -> Any:
+    """The matrix a point's search maximises: the rewards themselves for the reward-only head."""
+    if tradeoff is None or (not tradeoff.cost_weight and not tradeoff.latency_weight):
+        return rewards
+    return tradeoff.utility(cost_data)
+
+
+def point_search(embeddings: Any, rewards: Any, utility: Any, options: dict[str, Any], progress: bool = False) -> Any:
+    """The search of one head (frontier.run_search) as one SearchResult: the reference search's own
+    result, bit for bit, when it is a single unregularised run on the rewards; otherwise the final
+    (averaged) head with its training reward and the runs' total time."""
+    from dataclasses import replace
+
+    from benchgen_router.frontier import run_search
+    from benchgen_router.training import fitness
+
+    theta, runs = run_search(embeddings, utility, options, progress)
+    if len(runs) == 1 and utility is rewards and not options.get("shrink"):
+        return runs[0]
+    reward = float(fitness(theta[None], embeddings, rewards, options["hidden_dim"])[0])
+    return replace(runs[0], theta=theta, train_reward=reward, seconds=sum(run.seconds for run in runs))
+
+
+def cost_frontier(
+    args: argparse.Namespace,
+    embeddings: Any,
+    cost_data: Any,
+    points: dict[str, Any],
+    options: dict[str, Any],
+    progress: bool,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The repeated-CV frontier of this run's trade-offs (frontier_to_dict, plus "seconds"), and with
+    --target-eps the target-mode choice on it and that rule's nested-CV estimate."""
+    from benchgen_router.frontier import (
+        Tradeoff,
+        cross_validate_frontier,
+        frontier_to_dict,
+        nested_target_cv,
+        select_tradeoff,
+    )
+
+    started = time.perf_counter()
+    grid = list(points.values()) or [Tradeoff()]
+    result = cross_validate_frontier(
+        embeddings,
+        cost_data,
+        grid,
+        folds=args.cv_folds,
+        repeats=args.cv_repeats,
+        seed=args.cv_seed,
+        search_kwargs=options,
+        knn_ks=(5,),
+        progress=progress,
+    )
+    stored = frontier_to_dict(result)
+    target = None
+    if args.target_eps is not None:
+        chosen = select_tradeoff(result, args.target_eps)
+        nested = nested_target_cv(
+            embeddings,
+            cost_data,
+            args.target_eps,
+            grid,
+            outer_folds=args.cv_folds,
+            outer_repeats=2,
+            inner_folds=args.cv_folds,
+            inner_repeats=1,
+            seed=args.cv_seed,
+            search_kwargs=options,
+            progress=progress,
+        )
+        target = {
+            "eps": args.target_eps,
+            "rule": "the cheapest operating point whose CV reward is within eps of the best fixed agent's "
+            "(the highest-reward point if none is)",
+            "chosen": next(name for name, tradeoff in points.items() if tradeoff == chosen),
+            "nested_cv": {
+                "outer": f"2x{args.cv_folds}-fold",
+                "inner": f"1x{args.cv_folds}-fold",
+                "point": nested.point.to_dict(),
+                "reference": nested.reference.to_dict(),
+            },
+        }
+    stored["seconds"] = time.perf_counter() - started
+    return stored, target
+
+
+def operating_point_records(
+    points: dict[str, Any],
+    results: dict[str, Any],
+    frontier: dict[str, Any] | None,
+    cost_data: Any,
+    embeddings: Any,
+    test: Any,
+    hidden_dim: int,
+) -> dict[str, dict[str, Any]]:
+    """What the manifest (and the router's config and card) record of each operating point: its
+    weights, training reward, held-out figures and cross-validated point."""
+    import numpy as np
+
+    from benchgen_router.head import head_picks
+
+    by_name = {point["name"]: point for point in (frontier or {}).get("points", [])}
+    records = {}
+    for name, tradeoff in points.items():
+        picks = head_picks(results[name].theta, embeddings[test], len(cost_data.agents), hidden_dim)
+        rows = np.flatnonzero(test)
+        record: dict[str, Any] = {
+            "cost_weight": tradeoff.cost_weight,
+            "latency_weight": tradeoff.latency_weight,
+            "train_reward": results[name].train_reward,
+            "held_out": {
+                "rows": len(rows),
+                "reward": float(cost_data.rewards[rows, picks].mean()),
+                "cost_per_1k": float(cost_data.cost_per_1k[rows, picks].mean()),
+                "latency_s": float(cost_data.latency_s[rows, picks].mean()),
+            },
+        }
+        cv_point = by_name.get(f"router {tradeoff.name}")
+        if cv_point is not None:
+            record["cv"] = {key: cv_point[key] for key in CV_POINT_KEYS if key in cv_point}
+        records[name] = record
+    return records
+
+
+# The cross-validated figures of an operating point that its record keeps (the frontier keeps the rest).
+CV_POINT_KEYS = (
+    "reward",
+    "reward_std_repeats",
+    "reward_std_folds",
+    "delta_reward",
+    "delta_se",
+    "cost_per_1k",
+    "cost_std_repeats",
+    "latency_s",
+    "latency_std_repeats",
+    "share",
+    "cost_frontier",
+    "latency_frontier",
+)
+
+
+def plot_training_frontier(frontier: dict[str, Any], folder: Path) -> None:
+    from benchgen_router.frontier import frontier_from_dict, plot_frontier
+
+    result = frontier_from_dict(frontier)
+    title = f"{result.repeats}x{result.folds}-fold CV over {result.rows} labelled rows"
+    plot_frontier(result, folder / "frontier-cost.png", folder / "frontier-latency.png", knn_k=5, title=title)
+
+
+def print_frontier(frontier: dict[str, Any], target: dict[str, Any] | None, default: str | None) -> None:
+    from benchgen_router.frontier import format_frontier, frontier_from_dict
+
+    print(format_frontier(frontier_from_dict(frontier), knn_ks=(5,)))
+    if target is not None:
+        nested = target["nested_cv"]["point"]
+        print(
+            f"target mode (eps {target['eps']:g}): chose '{target['chosen']}'; the rule's nested-CV estimate "
+            f"({target['nested_cv']['outer']} outer, {target['nested_cv']['inner']} inner): reward "
+            f"{nested['reward']:.4f} ± {nested['reward_std_repeats']:.4f}, {nested['cost_per_1k']:.4f} USD per "
+            f"1,000 queries, {nested['latency_s']:.2f} s"
+        )
+    if default is not None:
+        print(f"default operating point: {default}")
 
 
 def fit_task_guard(args: argparse.Namespace, task_rows: list[dict[str, Any]], data: Any, test: Any, embed: Any) -> Any:
@@ -465,6 +800,7 @@ def build_manifest(
             "seed": args.seed,
             "popsize": result.popsize,
             "generations": args.generations,
+            **{key: value for key, value in search_options(args).items() if key in ("ensemble_seeds", "shrink")},
         },
         timings={key: round(value, 3) for key, value in timings.items()},
     )
