@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import UsageError, first_line
 from benchgen_router.files import read_jsonl
 
 QUERIES_PER_COST_UNIT = 1000  # C is USD per 1,000 queries
@@ -150,25 +151,73 @@ def cheapest_of_best(rewards: np.ndarray, cost: np.ndarray) -> np.ndarray:
 # The pool file
 
 
-def pool_prices(rows: Any, agents: Sequence[str], source: str = "pool file") -> dict[str, AgentPrice]:
-    """Prices per agent from the pool rows (agents.json: a list of {agent_id, price_per_1m_prompt_usd,
-    price_per_1m_output_usd, ...}); the ids must be exactly the agents of the rewards, in any order."""
-    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-        raise UsageError(f"{source} must be a JSON list of agent objects (agent_id and prices per 1M tokens).")
-    prices: dict[str, AgentPrice] = {}
+POOL_PRICE_FIELDS = ("price_per_1m_prompt_usd", "price_per_1m_output_usd")
+
+
+def read_pool_rows(path: str | os.PathLike) -> Any:
+    """The parsed JSON of a pool file (agents.json), or one line saying why it cannot be read."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"pool file not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        reason = "nested too deeply" if isinstance(err, RecursionError) else first_line(err)
+        raise UsageError(f"pool file {path} is not valid JSON ({reason}); pass agents.json of the pool.") from None
+    except OSError as err:  # a folder, no permission
+        raise UsageError(
+            f"cannot read pool file {path} ({err.strerror or first_line(err)}); pass agents.json."
+        ) from None
+
+
+def pool_agents(rows: Any, source: str = "pool file", prices_required: bool = False) -> list[dict[str, Any]]:
+    """The agents of pool rows (agents.json: a list of {agent_id, slug, price_per_1m_prompt_usd,
+    price_per_1m_output_usd, ...}) in file order, as [{"id", "slug", "price_per_1m_prompt_usd",
+    "price_per_1m_output_usd"}], or one line naming the first bad entry. A price given must be a
+    number >= 0; an absent one is None (the service lists what it has) unless `prices_required`
+    (costs are computed from them)."""
+    if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
+        raise UsageError(
+            f"{source} must be a JSON list of agent objects (agent_id and prices per 1M tokens), like agents.json."
+        )
+    agents: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for number, row in enumerate(rows, start=1):
         agent = row.get("agent_id")
         if not isinstance(agent, str) or not agent:
-            raise UsageError(f"{source} entry {number} has no agent_id; every entry needs agent_id and its prices.")
-        if agent in prices:
+            needs = "agent_id and its prices" if prices_required else "an agent_id string"
+            raise UsageError(f"{source} entry {number} has no agent_id; every entry needs {needs}.")
+        if agent in seen:
             raise UsageError(f"{source} lists agent '{agent}' twice; each agent must appear once.")
-        values = []
-        for key in ("price_per_1m_prompt_usd", "price_per_1m_output_usd"):
+        seen.add(agent)
+        prices = {}
+        for key in POOL_PRICE_FIELDS:
             value = row.get(key)
+            if value is None and not prices_required:
+                prices[key] = None
+                continue
             if not _is_number(value) or not math.isfinite(value) or value < 0:
                 raise UsageError(f"{source} agent '{agent}' has {key} {value!r}; prices must be numbers >= 0.")
-            values.append(float(value))
-        prices[agent] = AgentPrice(*values)
+            prices[key] = value
+        slug = row.get("slug")
+        if slug is not None and not isinstance(slug, str):
+            raise UsageError(f"{source} agent '{agent}' has slug {slug!r}; a slug must be the model's id, a string.")
+        agents.append({"id": agent, "slug": slug, **prices})
+    return agents
+
+
+def read_pool_file(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The agents of a pool file, as pool_agents() gives them (prices may be absent): what the
+    service lists at /v1/pool."""
+    return pool_agents(read_pool_rows(path), f"pool file {path}")
+
+
+def pool_prices(rows: Any, agents: Sequence[str], source: str = "pool file") -> dict[str, AgentPrice]:
+    """Prices per agent from the pool rows (agents.json, checked by pool_agents() with every price
+    required); the ids must be exactly the agents of the rewards, in any order."""
+    prices = {
+        entry["id"]: AgentPrice(*(float(entry[key]) for key in POOL_PRICE_FIELDS))
+        for entry in pool_agents(rows, source, prices_required=True)
+    }
     missing = [agent for agent in agents if agent not in prices]
     extra = sorted(set(prices) - set(agents))
     if missing or extra:
@@ -179,14 +228,8 @@ def pool_prices(rows: Any, agents: Sequence[str], source: str = "pool file") -> 
     return prices
 
 
-def load_pool(path: str | Path, agents: Sequence[str]) -> dict[str, AgentPrice]:
-    try:
-        rows = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"pool file not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UsageError(f"pool file {path} is not valid JSON ({err}); pass agents.json of the pool.") from None
-    return pool_prices(rows, agents, f"pool file {path}")
+def load_pool(path: str | os.PathLike, agents: Sequence[str]) -> dict[str, AgentPrice]:
+    return pool_prices(read_pool_rows(path), agents, f"pool file {path}")
 
 
 # ---------------------------------------------------------------------------------------------

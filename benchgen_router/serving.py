@@ -3,7 +3,8 @@
 Service (`serve()`): each replica loads the router once and answers
 
     POST /v1/route  {"queries": ["...", ...]}  ->  {"results": [...], "router": {"name", "revision"}}
-    GET  /v1/pool                              ->  the agents in pool order (slug and prices with a pool file)
+    GET  /v1/pool                              ->  the agents in pool order (slug and prices with a pool file),
+                                                   and the router's operating points when it has several heads
     GET  /healthz                              ->  200 once the router is loaded
     GET  /openapi.json, /docs                  ->  the API's OpenAPI schema and its browsable form
 
@@ -13,11 +14,18 @@ batches that close while the model is busy are merged (BatchMerger), so each `ru
 scores every query that is waiting, up to `max_batch_size`. Picks never depend on batching; the scores agree to float32
 rounding (about 1e-5: a query's sums are accumulated in an order that depends on its batch).
 
+A router trained at several quality/cost/latency trade-offs (operating points) answers a request
+at its "operating_point" ({"queries": [...], "operating_point": "quality"}), else at the service's
+default (`serve(operating_point=)`, else the router's own); each result then names its point. The
+backbone runs once per merged batch whatever points its requests ask for: only the small heads
+are applied per point (routing.results_for).
+
 Bad requests get a 4xx answer with one line, {"error": "..."}, and never fail other requests:
 400 for a body that is not a JSON object, 413 for more than `max_queries` queries or
 `max_request_bytes` bytes per request (defaults 256 and 1 MiB), 422 for a missing or empty
-`queries` list, an item that is not text, or a query the router cannot score (blank, or only
-characters its tokenizer drops such as U+200B or a byte-order mark).
+`queries` list, an item that is not text, a query the router cannot score (blank, or only
+characters its tokenizer drops such as U+200B or a byte-order mark), or an `operating_point` that
+is not one of the router's (or given to a router with one head).
 
 Metrics (Prometheus text at the Ray node's metrics port, `http://HOST:PORT/metrics`): Ray Serve's
 own (requests, latencies, batch sizes, replica health) plus `ray_benchgen_router_routed_queries_total`
@@ -61,6 +69,7 @@ from pydantic import BaseModel, Field
 from ray import serve as ray_serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from benchgen_router.costs import read_pool_file
 from benchgen_router.errors import UsageError, first_line
 from benchgen_router.files import (
     Query,
@@ -73,7 +82,7 @@ from benchgen_router.files import (
     text_problem,
 )
 from benchgen_router.loading import load_router
-from benchgen_router.routing import results_for, run_router
+from benchgen_router.routing import operating_point_of, results_for, run_router
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -108,22 +117,50 @@ def token_problems(tokenizer: Any, config: Any, texts: Sequence[str]) -> list[st
     ]
 
 
-def route_texts(router: Any, tokenizer: Any, texts: Sequence[str]) -> list[dict[str, Any] | str]:
-    """pick_agent's result for each text, from one run_router call. A text the model still refuses
-    (ValueError: it checks for empty queries itself) gets its one-line reason instead of a result,
-    found by routing the batch's texts one at a time, so it never fails the others."""
+def results_at_points(
+    router: Any, logits: np.ndarray, embeddings: np.ndarray, points: Sequence[str | None]
+) -> list[dict[str, Any]]:
+    """results_for() of each routed query at its own operating point (None: the router's default),
+    in input order: one results_for call per distinct point, so queries that ask for different
+    points still share one run of the backbone."""
+    rows_by_point: dict[str | None, list[int]] = {}
+    for row, point in enumerate(points):
+        rows_by_point.setdefault(point, []).append(row)
+    if len(rows_by_point) == 1:  # the usual case: the arrays as they are, no copies
+        return results_for(router, logits, embeddings, points[0])
+    results: list[dict[str, Any]] = [{} for _ in points]
+    for point, rows in rows_by_point.items():
+        for row, result in zip(rows, results_for(router, logits[rows], embeddings[rows], point), strict=True):
+            results[row] = result
+    return results
+
+
+def route_texts(
+    router: Any, tokenizer: Any, texts: Sequence[str], points: Sequence[str | None] | None = None
+) -> list[dict[str, Any] | str]:
+    """pick_agent's result for each text, from one run_router call, each at its operating point
+    (`points`, one per text, checked beforehand; None: all at the router's default). A text the
+    model still refuses (ValueError: it checks for empty queries itself) gets its one-line reason
+    instead of a result, found by routing the batch's texts one at a time, so it never fails the others."""
+    points = [None] * len(texts) if points is None else list(points)
     try:
         logits, embeddings = run_router(router, tokenizer, texts)
-        return results_for(router, logits, embeddings)
+        return results_at_points(router, logits, embeddings, points)
     except ValueError:
         outcomes: list[dict[str, Any] | str] = []
-        for text in texts:
+        for text, point in zip(texts, points, strict=True):
             try:
                 logits, embeddings = run_router(router, tokenizer, [text])
-                outcomes.append(results_for(router, logits, embeddings)[0])
+                outcomes.append(results_for(router, logits, embeddings, point)[0])
             except ValueError as err:
                 outcomes.append(first_line(err))
         return outcomes
+
+
+def route_items(router: Any, tokenizer: Any, items: Sequence[tuple[str, str | None]]) -> list[dict[str, Any] | str]:
+    """route_texts() of (text, operating point) pairs: the service's batches, whose requests may
+    each ask for a different point."""
+    return route_texts(router, tokenizer, [text for text, _ in items], [point for _, point in items])
 
 
 def router_identity(router: Any, model: str | None, revision: str | None) -> dict[str, str | None]:
@@ -163,13 +200,13 @@ class BatchMerger:
         self.run = run
         self.executor = executor
         self.max_queries = max_queries
-        self.waiting: list[tuple[list[str], asyncio.Future]] = []
+        self.waiting: list[tuple[list[Any], asyncio.Future]] = []
         self.draining = False
         self.drainer: asyncio.Task | None = None  # referenced: the event loop keeps tasks weakly
 
-    async def submit(self, texts: list[str]) -> list[Any]:
+    async def submit(self, items: list[Any]) -> list[Any]:
         done = asyncio.get_running_loop().create_future()
-        self.waiting.append((texts, done))
+        self.waiting.append((items, done))
         if not self.draining:
             self.draining = True
             self.drainer = asyncio.get_running_loop().create_task(self.drain())
@@ -185,9 +222,9 @@ class BatchMerger:
                     size += len(self.waiting[taken][0])
                     taken += 1
                 batches, self.waiting = self.waiting[:taken], self.waiting[taken:]
-                texts = [text for group, _ in batches for text in group]
+                items = [item for group, _ in batches for item in group]
                 try:
-                    outcomes = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, texts)
+                    outcomes = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, items)
                 except Exception as err:  # handed to each waiting request
                     for _, done in batches:
                         if not done.done():
@@ -203,37 +240,7 @@ class BatchMerger:
 
 
 # ---------------------------------------------------------------------------------------------
-# Pool file
-
-
-POOL_PRICE_FIELDS = ("price_per_1m_prompt_usd", "price_per_1m_output_usd")
-
-
-def read_pool_file(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The agents of a pool file (a JSON list of {"agent_id", "slug", "price_per_1m_prompt_usd",
-    "price_per_1m_output_usd", ...}, as agents.json) as [{"id", "slug", prices}], refused with one
-    line when it is not one."""
-    try:
-        entries = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"pool file not found: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UsageError(f"pool file {path} is not readable JSON ({first_line(err)}); pass an agents.json.") from None
-    if not isinstance(entries, list) or not entries:
-        raise UsageError(f"pool file {path} must be a non-empty JSON list of agents, like agents.json.")
-    agents = []
-    for position, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not isinstance(entry.get("agent_id"), str):
-            raise UsageError(f"pool file {path}: entry {position} has no 'agent_id' string; each agent needs one.")
-        prices = {name: entry.get(name) for name in POOL_PRICE_FIELDS}
-        for name, value in prices.items():
-            if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
-                raise UsageError(f"pool file {path}: agent '{entry['agent_id']}' has a non-numeric {name}.")
-        agents.append({"id": entry["agent_id"], "slug": entry.get("slug"), **prices})
-    ids = [agent["id"] for agent in agents]
-    if len(set(ids)) != len(ids):
-        raise UsageError(f"pool file {path} lists an agent twice ({', '.join(ids)}); list each once.")
-    return agents
+# Pool file (read by costs.read_pool_file, on the driver) and operating points
 
 
 def pool_for_router(agent_order: Sequence[str], pool: list[dict[str, Any]] | None) -> tuple[list[dict], str | None]:
@@ -250,6 +257,41 @@ def pool_for_router(agent_order: Sequence[str], pool: list[dict[str, Any]] | Non
     return [by_id[agent] for agent in agent_order], None
 
 
+def operating_points_of(config: Any, default: str | None) -> list[dict[str, Any]] | None:
+    """The router's operating points in name order, as /v1/pool lists them ({"name", "cost_weight",
+    "latency_weight", "default"}: `default` marks the one requests without a point get); None for a
+    router with one head."""
+    points = getattr(config, "operating_points", None) or {}
+    if not points:
+        return None
+    return [
+        {
+            "name": name,
+            "cost_weight": settings["cost_weight"],
+            "latency_weight": settings["latency_weight"],
+            "default": name == default,
+        }
+        for name, settings in sorted(points.items())
+    ]
+
+
+def requested_point(config: Any, value: Any, default: str | None) -> str | None:
+    """The operating point a /v1/route body asks for: `value` is its "operating_point" (None when
+    absent or null: the service's `default`). RequestProblem (422) with config.check_operating_point's
+    line naming the router's points when it is not one of them, or the router has one head."""
+    if value is None:
+        return default
+    points = getattr(config, "operating_points", None) or {}
+    if points and not isinstance(value, str):
+        raise RequestProblem(
+            422, f'"operating_point" is {type(value).__name__}, not a name; send one of {", ".join(sorted(points))}.'
+        )
+    try:
+        return config.check_operating_point(value)
+    except ValueError as err:
+        raise RequestProblem(422, first_line(err)) from None
+
+
 # ---------------------------------------------------------------------------------------------
 # HTTP API
 
@@ -261,6 +303,13 @@ class RouteRequest(BaseModel):
         f"(and {DEFAULT_MAX_REQUEST_BYTES} bytes of body); each must hold text the router can read.",
         examples=[["What is the derivative of x^3 + 2x?"]],
     )
+    operating_point: str | None = Field(
+        None,
+        description="For a router trained at several quality/cost/latency trade-offs: the operating point "
+        "(head) that routes these queries, one of the names GET /v1/pool lists under operating_points. "
+        "Absent or null: the service's default (marked there). A router with one head refuses it (422).",
+        examples=["quality"],
+    )
 
 
 class RouteResult(BaseModel):
@@ -268,6 +317,9 @@ class RouteResult(BaseModel):
     agent_index: int = Field(description="Its position in the pool.")
     probabilities: dict[str, float] = Field(description="Softmax of the logits, by agent id, pool order.")
     logits: dict[str, float] = Field(description="The head's raw score of each agent, pool order.")
+    operating_point: str | None = Field(
+        None, description="Routers with operating points: the point whose head scored this query."
+    )
     out_of_distribution: bool | None = Field(
         None, description="Routers with a guard: the query is unlike the training distribution."
     )
@@ -294,8 +346,18 @@ class PoolAgent(BaseModel):
     price_per_1m_output_usd: float | None = Field(None, description="With a pool file.")
 
 
+class OperatingPoint(BaseModel):
+    name: str = Field(description="What a request sends as operating_point.")
+    cost_weight: float = Field(description="Reward given up per USD per 1,000 queries saved, in training.")
+    latency_weight: float = Field(description="Reward given up per second per query saved, in training.")
+    default: bool = Field(description="The point requests without operating_point are routed at.")
+
+
 class PoolResponse(BaseModel):
     agents: list[PoolAgent] = Field(description="The router's agents, in pool (logit) order.")
+    operating_points: list[OperatingPoint] | None = Field(
+        None, description="Routers trained at several trade-offs: their operating points, by name."
+    )
     router: RouterInfo
 
 
@@ -322,7 +384,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, description in (
         (400, "The body is not a JSON object."),
         (413, "More queries or bytes than the service's per-request limits."),
-        (422, "No queries, or a query that is not text or that the router cannot score."),
+        (422, "No queries, a query that is not text or that the router cannot score, or an unknown operating point."),
     )
 }
 
@@ -352,8 +414,9 @@ async def _unexpected(request: Request, err: Exception) -> JSONResponse:
     return JSONResponse({"error": f"internal error ({type(err).__name__}: {first_line(err)})"}, status_code=500)
 
 
-def parse_route_body(body: bytes, max_queries: int, max_request_bytes: int) -> list[str]:
-    """The queries of a /v1/route body, or RequestProblem naming what is wrong with it."""
+def parse_route_body(body: bytes, max_queries: int, max_request_bytes: int) -> tuple[list[str], Any]:
+    """(the queries of a /v1/route body, its "operating_point" as sent or None: requested_point()
+    checks it against the router), or RequestProblem naming what is wrong with the body."""
     if len(body) > max_request_bytes:
         raise RequestProblem(
             413, f"request body is {len(body)} bytes, over this service's limit of {max_request_bytes}; split it."
@@ -382,14 +445,15 @@ def parse_route_body(body: bytes, max_queries: int, max_request_bytes: int) -> l
         problem = text_problem(query, f"query {position}")
         if problem:
             raise RequestProblem(422, f"{problem}; a router cannot score it.")
-    return queries
+    return queries, payload.get("operating_point")
 
 
 @ray_serve.deployment(name=DEPLOYMENT_NAME)
 @ray_serve.ingress(api)
 class RouterDeployment:
     """One replica: loads the router once; /v1/route requests are checked one by one, then their
-    queries are batched across requests and scored by one run_router call per batch."""
+    queries are batched across requests, each with the operating point its request asks for, and
+    scored by one run_router call per batch."""
 
     def __init__(
         self,
@@ -402,6 +466,7 @@ class RouterDeployment:
         batch_wait_s: float,
         max_queries: int,
         max_request_bytes: int,
+        operating_point: str | None = None,
     ) -> None:
         from ray.serve.metrics import Counter as ServeCounter
 
@@ -416,6 +481,8 @@ class RouterDeployment:
         )
         self.startup_problem: str | None = None
         self.pool: list[dict[str, Any]] = []
+        self.default_point: str | None = None
+        self.points: list[dict[str, Any]] | None = None
         self.identity: dict[str, str | None] = {"name": "default" if model is None else str(model), "revision": None}
         try:
             self.router, self.tokenizer = load_router(model, revision=revision, backbone=backbone)
@@ -427,24 +494,33 @@ class RouterDeployment:
         # can fail ("Already borrowed") when one of them changes its truncation settings.
         self.check_tokenizer = copy.deepcopy(self.tokenizer)
         self.identity = router_identity(self.router, model, revision)
+        try:
+            # Resolved once: requests without a point get this one (None for a router with one head).
+            self.default_point = self.router.config.check_operating_point(operating_point)
+        except ValueError as err:
+            self.startup_problem = first_line(err)
+            return
+        self.points = operating_points_of(self.router.config, self.default_point)
         self.pool, self.startup_problem = pool_for_router(self.router.config.agent_order, pool)
         self.route_batch.set_max_batch_size(max_batch_size)
         self.route_batch.set_batch_wait_timeout_s(batch_wait_s)
         self.merger = BatchMerger(
-            functools.partial(route_texts, self.router, self.tokenizer), self.executor, max_batch_size
+            functools.partial(route_items, self.router, self.tokenizer), self.executor, max_batch_size
         )
         self.routed = ServeCounter(ROUTED_COUNTER, description="Queries routed, by picked agent.", tag_keys=("agent",))
         self.rejected = ServeCounter(REJECTED_COUNTER, description="Requests refused, by status.", tag_keys=("status",))
 
     def get_startup_problem(self) -> str | None:
-        """Why this replica cannot serve (the router did not load, or the pool file does not fit)."""
+        """Why this replica cannot serve (the router did not load, it has no such operating point,
+        or the pool file does not fit)."""
         return self.startup_problem
 
     # Batches are handed to the merger as soon as Ray Serve closes them (many may be open at once),
-    # which runs the model on them one merged batch at a time.
+    # which runs the model on them one merged batch at a time. An item is (query, operating point):
+    # requests at different points share a batch, and so one run of the backbone.
     @ray_serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, max_concurrent_batches=1024)
-    async def route_batch(self, texts: list[str]) -> list[dict[str, Any] | str]:
-        return await self.merger.submit(texts)
+    async def route_batch(self, items: list[tuple[str, str | None]]) -> list[dict[str, Any] | str]:
+        return await self.merger.submit(items)
 
     def refuse(self, status: int, message: str) -> RequestProblem:
         self.rejected.inc(1, tags={"status": str(status)})
@@ -475,13 +551,14 @@ class RouterDeployment:
                 f"request body is {declared} bytes, over this service's limit of {self.max_request_bytes}; split it.",
             )
         try:
-            queries = parse_route_body(await request.body(), self.max_queries, self.max_request_bytes)
+            queries, asked = parse_route_body(await request.body(), self.max_queries, self.max_request_bytes)
+            point = requested_point(self.router.config, asked, self.default_point)
         except RequestProblem as problem:
             raise self.refuse(problem.status, problem.message) from None
         for position, problem in enumerate(token_problems(self.check_tokenizer, self.router.config, queries)):
             if problem:
                 raise self.refuse(422, f"query {position} {problem}; a router cannot score it.")
-        outcomes = await asyncio.gather(*(self.route_batch(query) for query in queries))
+        outcomes = await asyncio.gather(*(self.route_batch((query, point)) for query in queries))
         for position, outcome in enumerate(outcomes):
             if isinstance(outcome, str):
                 raise self.refuse(422, f"query {position} cannot be routed ({outcome}).")
@@ -493,11 +570,11 @@ class RouterDeployment:
         "/v1/pool",
         response_model=PoolResponse,
         response_model_exclude_none=True,
-        summary="The router's agents in pool order",
+        summary="The router's agents in pool order, and its operating points",
     )
     async def pool_agents(self) -> dict[str, Any]:
         self.check_ready()
-        return {"agents": self.pool, "router": self.identity}
+        return {"agents": self.pool, "operating_points": self.points, "router": self.identity}
 
     @api.get("/healthz", summary="200 once the router is loaded", responses={503: {"model": ErrorResponse}})
     async def healthz(self) -> dict[str, Any]:
@@ -576,6 +653,31 @@ def start_ray(address: str | None, num_cpus: int, metrics_port: int | None = Non
     return True, True
 
 
+def check_router_point(model: str | None, revision: str | None, operating_point: str | None) -> None:
+    """UsageError naming the router's operating points when it lacks `operating_point`, from its
+    config.json alone: checked here, before Ray starts, since every replica or actor would only
+    find out after loading the whole router. A config.json this machine cannot read (a folder only
+    the cluster's nodes have) is left to the replicas and actors, which check the name again."""
+    if operating_point is None:
+        return
+    if not isinstance(operating_point, str):
+        raise UsageError(f"operating_point must be a name (a str) or None, got {type(operating_point).__name__}.")
+    from benchgen_router.loading import _declared_config
+    from benchgen_router.model_code import RouterConfig, default_router_dir
+
+    try:
+        declared = _declared_config(str(default_router_dir() if model is None else model), revision)
+    except UsageError:
+        return
+    try:
+        config = RouterConfig(
+            operating_points=declared.get("operating_points"), operating_point=declared.get("operating_point")
+        )
+        config.check_operating_point(operating_point)
+    except ValueError as err:
+        raise UsageError(first_line(err)) from None
+
+
 def check_positive(name: str, value: float, integer: bool = True) -> None:
     if (integer and (not isinstance(value, int) or value < 1)) or value < 0:
         kind = "a positive integer" if integer else "a number >= 0"
@@ -601,6 +703,7 @@ def serve(
     ray_cpus: int | None = None,
     metrics_port: int | None = None,
     access_log: bool = False,
+    operating_point: str | None = None,
 ) -> RunningService | None:
     """Serve the router over HTTP on host:port with Ray Serve; see the module docstring for the API.
 
@@ -614,11 +717,14 @@ def serve(
     CPUs (default: this machine's cores, at least replicas x threads) and Prometheus metrics on
     `metrics_port` (default: a free port, logged).
     `access_log`: Ray Serve's per-request log lines (off: they cost throughput).
+    `operating_point`: for a router with several heads, the point requests without one are routed
+    at (default: the router's own); checked against its config.json before Ray starts, and again
+    by each replica.
 
     blocking=True serves until Ctrl-C or SIGTERM, then shuts down cleanly (the application; Serve
     and Ray too when they were started here) and returns None; blocking=False returns a
     RunningService to close(). Raises UsageError (one line) for bad settings, a busy port, a router
-    that cannot be loaded or a pool file that does not fit it.
+    that cannot be loaded, an operating point it does not have, or a pool file that does not fit it.
     """
     cpus = DEFAULT_REPLICA_CPUS if threads is None else threads
     for name, value in (
@@ -630,6 +736,7 @@ def serve(
     ):
         check_positive(name, value)
     check_positive("batch_wait_ms", batch_wait_ms, integer=False)
+    check_router_point(model, revision, operating_point)
     if ray_cpus is not None:
         check_positive("ray_cpus", ray_cpus)
     pool = read_pool_file(pool_file) if pool_file is not None else None
@@ -684,6 +791,7 @@ def serve(
             batch_wait_ms / 1000,
             max_queries,
             max_request_bytes,
+            operating_point,
         )
         handle = ray_serve.run(application, name=APP_NAME, route_prefix="/")
         service = RunningService(
@@ -743,17 +851,24 @@ class BulkResult:
 
 
 class BulkRouter:
-    """A Ray Data actor: loads the router once, then routes batches of rows.
+    """A Ray Data actor: loads the router once, then routes batches of rows at one operating point.
 
     In: "text" (and "line", "id" passed through). Out: "result" (the result dict as JSON, empty
     when skipped) and "problem" (why the row was skipped, empty when routed)."""
 
     def __init__(
-        self, model: str | None, revision: str | None, backbone: str | None, threads: int, text_name: str
+        self,
+        model: str | None,
+        revision: str | None,
+        backbone: str | None,
+        threads: int,
+        text_name: str,
+        operating_point: str | None = None,
     ) -> None:
         set_torch_threads(threads)
         self.router, self.tokenizer = load_router(model, revision=revision, backbone=backbone)
         self.text_name = text_name
+        self.operating_point = operating_point_of(self.router, operating_point)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = list(batch.pop("text"))
@@ -766,9 +881,10 @@ class BulkRouter:
                 problems[i] = f"{self.text_name} {problem}"
         routable = [i for i, problem in enumerate(problems) if problem is None]
         results = [""] * len(texts)
-        for i, outcome in zip(
-            routable, route_texts(self.router, self.tokenizer, [texts[i] for i in routable]), strict=True
-        ):
+        outcomes = route_texts(
+            self.router, self.tokenizer, [texts[i] for i in routable], [self.operating_point] * len(routable)
+        )
+        for i, outcome in zip(routable, outcomes, strict=True):
             if isinstance(outcome, str):
                 problems[i] = outcome
             else:
@@ -831,6 +947,7 @@ def route_file_with_ray(
     revision: str | None = None,
     backbone: str | None = None,
     progress: bool = False,
+    operating_point: str | None = None,
 ) -> BulkResult:
     """Route every query of a file with Ray Data; write what `benchgen-router route --input FILE --output OUT`
     writes: one JSON line per routed query, {"line": n, "id": ... (when the input has one),
@@ -844,10 +961,12 @@ def route_file_with_ray(
     it once. Bad lines are logged ("FILE line N: reason; skipped") and skipped, and so are queries
     the router cannot read (only invisible characters). The output is written to a temporary
     file and renamed at the end. Joins `address` or this process's Ray, else starts a local one
-    and stops it afterwards; `progress` shows Ray Data's progress.
+    and stops it afterwards; `progress` shows Ray Data's progress. `operating_point`: for a router
+    with several heads, the one that routes (default: the router's own), checked before Ray starts.
     """
     for name, value in (("actors", actors), ("threads", threads), ("batch_size", batch_size)):
         check_positive(name, value)
+    check_router_point(model, revision, operating_point)
     source = str(input)
     started = time.perf_counter()
     picks: Counter = Counter()
@@ -899,6 +1018,7 @@ def route_file_with_ray(
                         "backbone": backbone,
                         "threads": threads,
                         "text_name": text_name,
+                        "operating_point": operating_point,
                     },
                 )
                 for line, row_id, result, problem in routed_rows(routed, id_name):

@@ -2,9 +2,13 @@
 bulk routing with Ray Data: answers equal pick_agent's, every kind of bad request gets a 4xx with
 one line and leaves the service answering, concurrency, a replica killed under load, metrics,
 clean shutdown (no Ray process left behind), and Ray Data's records equal the local engine's.
+Operating points: a tiny router with three heads answers each request at the point it asks for
+(the literal reference's picks over that point's weights), also when requests at different points
+share a batch, and so does bulk routing.
 
-One Ray and one service serve the whole module (starting Ray takes seconds); the last tests stop
-them and check that nothing is left."""
+One Ray and one service serve the whole module (starting Ray takes seconds); the operating-point
+router is deployed in place of the default one, on the same Ray and port, after the tests of the
+default router; the last tests stop them and check that nothing is left."""
 
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers import AGENTS, PILOT, PROJECT_ROOT, cli, make_queries
+from helpers import AGENTS, PILOT, PROJECT_ROOT, check_result, cli, make_queries
+from reference_impl import ReferenceRouter
 
 # Before Ray starts: its workers read this once. Metrics reach the Prometheus endpoint within a
 # second instead of ten.
@@ -36,6 +41,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
 
 from benchgen_router.errors import UsageError  # noqa: E402
+from benchgen_router.loading import load_router  # noqa: E402
 from benchgen_router.routing import pick_agent  # noqa: E402
 from benchgen_router.serving import (  # noqa: E402
     APP_NAME,
@@ -43,6 +49,7 @@ from benchgen_router.serving import (  # noqa: E402
     pool_for_router,
     read_pool_file,
     route_file_with_ray,
+    route_items,
     serve,
 )
 
@@ -76,8 +83,10 @@ def request(url: str, body: bytes | None = None, method: str | None = None, time
         return status, {"not_json": raw.decode("utf-8", "replace")}
 
 
-def route(service, queries, timeout: float = 60) -> tuple[int, dict]:
-    return request(service.url + "/v1/route", json.dumps({"queries": queries}).encode(), timeout=timeout)
+def route(service, queries, timeout: float = 60, **fields) -> tuple[int, dict]:
+    """POST /v1/route with these queries and any other body fields (operating_point=...)."""
+    body = json.dumps({"queries": queries, **fields}).encode()
+    return request(service.url + "/v1/route", body, timeout=timeout)
 
 
 def same_result(got: dict, expected: dict) -> bool:
@@ -191,6 +200,10 @@ def test_route_answers_equal_pick_agent(service, expected):
     assert all(same_result(got, expected[q]) for got, q in zip(body["results"], QUERIES[:5], strict=True))
     assert body["router"]["name"] == "default"
     assert body["router"]["revision"].startswith("sha256:")
+    status, body = route(service, QUERIES[:5], operating_point=None)  # null: the service's default
+    assert status == 200 and all(
+        same_result(got, expected[q]) for got, q in zip(body["results"], QUERIES[:5], strict=True)
+    )
 
 
 def test_healthz_pool_and_openapi(service):
@@ -199,6 +212,7 @@ def test_healthz_pool_and_openapi(service):
     status, pool = request(service.url + "/v1/pool")
     assert status == 200
     assert [agent["id"] for agent in pool["agents"]] == AGENTS  # pool (logit) order, not the file's
+    assert "operating_points" not in pool  # one head
     by_id = {entry["agent_id"]: entry for entry in POOL}
     for agent in pool["agents"]:
         assert agent["slug"] == by_id[agent["id"]]["slug"]
@@ -209,6 +223,7 @@ def test_healthz_pool_and_openapi(service):
     assert {"/v1/route", "/v1/pool", "/healthz"} <= set(schema["paths"])
     body_schema = schema["paths"]["/v1/route"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body_schema["properties"]["queries"]["type"] == "array"
+    assert "operating_point" in body_schema["properties"] and "operating_point" not in body_schema["required"]
     assert {"200", "400", "413", "422"} <= set(schema["paths"]["/v1/route"]["post"]["responses"])
 
 
@@ -218,10 +233,13 @@ def test_pool_without_a_pool_file_and_pool_file_checks(tmp_path):
     assert agents == [] and "pass the pool file made for this router" in problem and "\n" not in problem
     bad = tmp_path / "bad.json"
     for content, words in (
-        ("{", "not readable JSON"),
-        ("{}", "non-empty JSON list"),
-        ('[{"slug": "x"}]', "no 'agent_id'"),
-        ('[{"agent_id": "a", "price_per_1m_prompt_usd": "cheap"}]', "non-numeric"),
+        ("{", "is not valid JSON"),
+        ("{}", "must be a JSON list of agent objects"),
+        ("[]", "must be a JSON list of agent objects"),
+        ('[{"slug": "x"}]', "entry 1 has no agent_id"),
+        ('[{"agent_id": "a", "price_per_1m_prompt_usd": "cheap"}]', "prices must be numbers >= 0"),
+        ('[{"agent_id": "a", "price_per_1m_output_usd": -1}]', "prices must be numbers >= 0"),
+        ('[{"agent_id": "a", "slug": 3}]', "a slug must be"),
         ('[{"agent_id": "a"}, {"agent_id": "a"}]', "twice"),
     ):
         bad.write_text(content)
@@ -229,6 +247,12 @@ def test_pool_without_a_pool_file_and_pool_file_checks(tmp_path):
             read_pool_file(bad)
     with pytest.raises(UsageError, match="not found"):
         read_pool_file(tmp_path / "missing.json")
+    with pytest.raises(UsageError, match="cannot read pool file"):
+        read_pool_file(tmp_path)  # a folder
+    bad.write_text('[{"agent_id": "a", "slug": "x"}]')  # prices are optional for the service
+    assert read_pool_file(bad) == [
+        {"id": "a", "slug": "x", "price_per_1m_prompt_usd": None, "price_per_1m_output_usd": None}
+    ]
 
 
 @pytest.mark.skipif(not (PILOT / "agents.json").exists(), reason="the pilot data (../shared) is not here")
@@ -259,6 +283,7 @@ BAD_REQUESTS = [
     (b'{"queries": ["\\u0001"]}', 422, "query 0 has no tokens"),
     (json.dumps({"queries": ["q"] * (MAX_QUERIES + 1)}).encode(), 413, f"limit of {MAX_QUERIES}"),
     (json.dumps({"queries": ["x" * MAX_BYTES]}).encode(), 413, f"limit of {MAX_BYTES}"),
+    (b'{"queries": ["a"], "operating_point": "quality"}', 422, "single head and no operating points"),
 ]
 
 
@@ -493,6 +518,158 @@ def test_ray_data_reads_parquet(service, tmp_path, expected):
     assert result.skipped == [(7, "'query' is not text (got NoneType)"), (8, "'query' is empty")]
 
 
+def test_ray_data_routes_at_an_operating_point(service, operating_router, tmp_path):
+    """operating_point= gives pick_agent(..., operating_point=)'s results; a name the router does
+    not have is one line before any Ray work (no output file)."""
+    pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
+    folder = operating_router[0]
+    source = tmp_path / "q.txt"
+    source.write_text("\n".join(QUERIES[:10]) + "\n")
+    out = tmp_path / "ray.jsonl"
+    result = route_file_with_ray(source, out, model=str(folder), actors=1, batch_size=4, operating_point="quality")
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    want = pick_agent(QUERIES[:10], model=folder, operating_point="quality")
+    assert result.routed == 10 and [r["line"] for r in got] == list(range(1, 11))
+    assert all(r["operating_point"] == "quality" for r in got)
+    assert all(same_result({k: r[k] for k in r if k != "line"}, w) for r, w in zip(got, want, strict=True))
+    for model, point, words in (
+        (str(folder), "cheap", "'cheap' is not one of this router's: balanced, fast, quality"),
+        (None, "quality", "single head and no operating points"),
+    ):
+        missing = tmp_path / f"never-{point}.jsonl"
+        with pytest.raises(UsageError, match=words) as refusal:
+            route_file_with_ray(source, missing, model=model, operating_point=point)
+        assert "\n" not in str(refusal.value) and not missing.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Operating points (after the default router's tests: their router replaces it on the same port)
+
+POINT_QUERIES = QUERIES[:8]
+SERVICE_POINT = "fast"  # the service's default: not the router's own ("balanced")
+
+
+@pytest.fixture(scope="module")
+def point_expected(operating_router, backbone_dir) -> dict[str, np.ndarray]:
+    """The literal reference's logits of each query, one query at a time, per operating point."""
+    _, thetas = operating_router
+    expected = {}
+    for name, theta in thetas.items():
+        reference = ReferenceRouter(str(backbone_dir), theta, AGENTS)
+        expected[name] = np.concatenate([reference.logits(reference.embed([q])) for q in POINT_QUERIES])
+    return expected
+
+
+@pytest.fixture(scope="module")
+def points_service(service, operating_router):
+    """The three-point router (quality, balanced, fast) in place of the module's application, on
+    its Ray and port, with --operating-point fast."""
+    running = serve(
+        str(operating_router[0]),
+        port=int(service.url.rsplit(":", 1)[1]),
+        max_batch_size=16,
+        batch_wait_ms=2,
+        max_queries=MAX_QUERIES,
+        max_request_bytes=MAX_BYTES,
+        blocking=False,
+        operating_point=SERVICE_POINT,
+    )
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def check_point_results(results: list[dict], queries: list[str], point: str, expected: dict[str, np.ndarray]) -> None:
+    for result, query in zip(results, queries, strict=True):
+        assert result.pop("operating_point") == point
+        check_result(result, expected[point][POINT_QUERIES.index(query)])
+
+
+def test_one_batch_at_mixed_points_gets_each_querys_own_point(operating_router, point_expected):
+    """route_items, what a replica runs on a merged batch: one backbone run for queries at different
+    points, each result its own point's, in batch order."""
+    router, tokenizer = load_router(operating_router[0])
+    points = [*point_expected, None] * 3
+    items = [(POINT_QUERIES[i % len(POINT_QUERIES)], point) for i, point in enumerate(points)]
+    results = route_items(router, tokenizer, items)
+    for result, (query, point) in zip(results, items, strict=True):
+        check_point_results([result], [query], point or "balanced", point_expected)  # None: the router's own
+
+
+def test_each_operating_point_answers_with_its_own_head(points_service, point_expected):
+    """A request at a point gets the reference's results over that point's weights; one without
+    the field (or null) gets the service's default point."""
+    picks = {}
+    for point in point_expected:
+        status, body = route(points_service, POINT_QUERIES, operating_point=point)
+        assert status == 200, body
+        picks[point] = [result["picked_agent"] for result in body["results"]]
+        check_point_results(body["results"], POINT_QUERIES, point, point_expected)
+    assert len({tuple(p) for p in picks.values()}) > 1  # the heads disagree somewhere: the test can tell them apart
+    for fields in ({}, {"operating_point": None}):
+        status, body = route(points_service, POINT_QUERIES, **fields)
+        assert status == 200, body
+        check_point_results(body["results"], POINT_QUERIES, SERVICE_POINT, point_expected)
+
+
+def test_concurrent_requests_at_different_points_each_get_their_own(points_service, point_expected):
+    """Requests at mixed points from 12 threads, merged into shared batches: each answer is its own
+    point's, in request order."""
+    rng = np.random.default_rng(5)
+    choices = [None, *point_expected]
+    asks = [
+        (list(rng.choice(POINT_QUERIES, size=int(rng.integers(1, 4)))), choices[int(rng.integers(len(choices)))])
+        for _ in range(96)
+    ]
+
+    def one(ask: tuple[list[str], str | None]) -> tuple[int, dict]:
+        queries, point = ask
+        return route(points_service, queries, **({} if point is None else {"operating_point": point}))
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(one, asks))
+    for (queries, point), (status, body) in zip(asks, answers, strict=True):
+        assert status == 200, body
+        check_point_results(body["results"], queries, point or SERVICE_POINT, point_expected)
+
+
+@pytest.mark.parametrize(
+    ("point", "words"),
+    [
+        ("cheap", "operating_point 'cheap' is not one of this router's: balanced, fast, quality."),
+        ("Quality", "'Quality' is not one of this router's: balanced, fast, quality"),
+        (3, '"operating_point" is int, not a name; send one of balanced, fast, quality.'),
+        (["quality"], '"operating_point" is list, not a name'),
+    ],
+)
+def test_an_unknown_operating_point_is_a_422_and_the_service_keeps_serving(
+    points_service, point_expected, point, words
+):
+    status, answer = route(points_service, POINT_QUERIES[:1], operating_point=point)
+    assert status == 422 and list(answer) == ["error"] and words in answer["error"] and "\n" not in answer["error"]
+    status, body = route(points_service, POINT_QUERIES[:1], operating_point="quality")
+    assert status == 200
+    check_point_results(body["results"], POINT_QUERIES[:1], "quality", point_expected)
+
+
+def test_pool_lists_the_operating_points_and_the_services_default(points_service, operating_router):
+    status, pool = request(points_service.url + "/v1/pool")
+    assert status == 200 and [agent["id"] for agent in pool["agents"]] == AGENTS
+    declared = json.loads((operating_router[0] / "config.json").read_text())["operating_points"]
+    assert pool["operating_points"] == [
+        {
+            "name": name,
+            "cost_weight": declared[name]["cost_weight"],
+            "latency_weight": declared[name]["latency_weight"],
+            "default": name == SERVICE_POINT,
+        }
+        for name in ("balanced", "fast", "quality")
+    ]
+    status, schema = request(points_service.url + "/openapi.json")
+    assert status == 200 and "OperatingPoint" in json.dumps(schema["components"]["schemas"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Startup refusals and shutdown (last: they stop the module's service)
 
@@ -505,6 +682,19 @@ def test_a_pool_file_that_does_not_fit_the_router_is_refused(service, tmp_path):
     message = str(refusal.value)
     assert "someone_else" in message and "frontier_a" in message and "\n" not in message
     assert APP_NAME not in ray.serve.status().applications  # refused: nothing left deployed
+
+
+def test_a_wrong_operating_point_stops_the_service_with_one_line(service, operating_router, capsys):
+    """serve --operating-point NAME the router does not have: exit 2 and one line naming its points,
+    from its config.json, before anything is deployed; serve() refuses a one-head router's point too."""
+    deployed = set(ray.serve.status().applications)
+    port = service.url.rsplit(":", 1)[1]
+    assert cli("serve", "--model", operating_router[0], "--operating-point", "cheap", "--port", port) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "'cheap' is not one of this router's: balanced, fast, quality" in errors[0]
+    with pytest.raises(UsageError, match="single head and no operating points"):
+        serve(None, operating_point="quality", blocking=False)
+    assert set(ray.serve.status().applications) == deployed
 
 
 def test_shutdown_leaves_no_ray_process(service, blocking_child):

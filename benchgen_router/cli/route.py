@@ -275,6 +275,7 @@ def route_file_on_ray(args: argparse.Namespace) -> int:
         revision=args.revision,
         backbone=args.backbone,
         progress=not args.quiet,
+        operating_point=args.operating_point,
     )
     return EXIT_SKIPPED if result.skipped else EXIT_OK
 

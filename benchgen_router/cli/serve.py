@@ -2,6 +2,7 @@
 
     benchgen-router serve                                   # the committed default router on 127.0.0.1:8000
     benchgen-router serve --model ./router --replicas 2 --pool agents.json
+    benchgen-router serve --model ./router-with-points --operating-point quality
     curl -s 127.0.0.1:8000/v1/route -d '{"queries": ["What is the derivative of x^3 + 2x?"]}'
 
 Starts a local Ray (or joins --address) and deploys the router: each replica loads it once and
@@ -10,6 +11,10 @@ plus merging whatever queued while the model ran) into one packed forward pass. 
 POST /v1/route {"queries": [...]} -> {"results": [...], "router": {...}}, GET /v1/pool,
 GET /healthz, /docs and /openapi.json; Prometheus metrics on --metrics-port. A bad request gets a
 4xx with {"error": "<one line>"}. Ctrl-C or SIGTERM shuts down and stops the Ray it started.
+
+A router trained at several quality/cost/latency trade-offs routes each request at the
+"operating_point" it names ({"queries": [...], "operating_point": "fast"}), else at
+--operating-point, else at the router's own default; GET /v1/pool lists its points.
 """
 
 from __future__ import annotations
@@ -47,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-queries", type=positive_int, default=256, help="queries per request at most (default: %(default)s)")
     add("--max-request-bytes", type=positive_int, default=1 << 20, help="request body size at most (default: 1 MiB)")
     add("--metrics-port", type=positive_int, help="Prometheus metrics port of a Ray this command starts")
+    add(
+        "--operating-point",
+        metavar="NAME",
+        help="for a router trained at several quality/cost/latency trade-offs: the point requests without "
+        "one are routed at (names at GET /v1/pool; default: the router's own default)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,5 +89,6 @@ def run(args: argparse.Namespace) -> int:
         revision=args.revision,
         backbone=args.backbone,
         metrics_port=args.metrics_port,
+        operating_point=args.operating_point,
     )
     return 0
