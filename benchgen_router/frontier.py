@@ -38,7 +38,6 @@ import numpy as np
 
 from benchgen_router.costs import CostData, cheapest_of_best, costs_for_labelled, utility_matrix
 from benchgen_router.data import join_rewards, load_rows
-from benchgen_router.embeddings import embed_prompts
 from benchgen_router.errors import UsageError
 from benchgen_router.files import atomic_output
 from benchgen_router.head import head_picks
@@ -1112,6 +1111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = join_rewards(load_rows(args.rewards, "rewards"), load_rows(args.tasks, "tasks"))
         costs = costs_for_labelled(data, args.calls, args.pool)
         backbone = args.backbone or "sentence-transformers/all-MiniLM-L6-v2"  # the default router's, installed
+        from benchgen_router.embeddings import embed_prompts  # torch and transformers: only once the data are good
+
         embeddings = embed_prompts(data.prompts, backbone, data.agents, cache_dir=args.cache_dir).vectors
         search = {"generations": args.generations, "seed": args.seed, "shrink": args.shrink}
         if args.ensemble_seeds:
