@@ -519,9 +519,9 @@ def run(args: argparse.Namespace) -> int:
             card_note=card_note,
         )
 
-    print_report(result, evaluation, cv)
+    print_report(result, evaluation, cv, args.ensemble_seeds, default)
     if frontier is not None:
-        print_frontier(frontier, target, default)
+        print_frontier(frontier, target, default, manifest.get("operating_points"))
     if trained_guard is not None:
         print(format_guard(trained_guard.record))
     return 0
@@ -677,10 +677,19 @@ def plot_training_frontier(frontier: dict[str, Any], folder: Path) -> None:
     plot_frontier(result, folder / "frontier-cost.png", folder / "frontier-latency.png", knn_k=5, title=title)
 
 
-def print_frontier(frontier: dict[str, Any], target: dict[str, Any] | None, default: str | None) -> None:
+def print_frontier(
+    frontier: dict[str, Any], target: dict[str, Any] | None, default: str | None, points: dict[str, Any] | None
+) -> None:
     from benchgen_router.frontier import format_frontier, frontier_from_dict
 
     print(format_frontier(frontier_from_dict(frontier), knn_ks=(5,)))
+    for name, record in (points or {}).items():
+        held = record["held_out"]
+        print(
+            f"operating point {name} (cost weight {record['cost_weight']:g}, latency weight "
+            f"{record['latency_weight']:g}): held out ({held['rows']} rows) reward {held['reward']:.4f}, "
+            f"{held['cost_per_1k']:.4f} USD per 1,000 queries, {held['latency_s']:.2f} s"
+        )
     if target is not None:
         nested = target["nested_cv"]["point"]
         print(
@@ -806,15 +815,22 @@ def build_manifest(
     )
 
 
-def print_report(result: Any, evaluation: dict[str, Any], cv: dict[str, Any] | None) -> None:
+def print_report(
+    result: Any,
+    evaluation: dict[str, Any],
+    cv: dict[str, Any] | None,
+    ensemble_seeds: list[int] | None = None,
+    default: str | None = None,
+) -> None:
     """What the run prints: the search, the held-out table, the cross-validated estimate."""
     from benchgen_router.evaluation import format_cross_validation, format_evaluation
 
+    runs = f"an ensemble of {len(ensemble_seeds)} seeds, " if ensemble_seeds else ""
     print(
         f"train reward {result.train_reward:.4f} after {result.generations_run} generations "
-        f"({result.library}, population {result.popsize}, {result.seconds:.1f} s)"
+        f"({result.library}, population {result.popsize}, {runs}{result.seconds:.1f} s)"
     )
-    print(format_evaluation(evaluation, "held-out evaluation"))
+    print(format_evaluation(evaluation, "held-out evaluation" + (f" of operating point {default}" if default else "")))
     if cv is not None:
         print(format_cross_validation(cv))
     if not evaluation["beats_best_fixed_agent"]:
