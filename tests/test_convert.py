@@ -13,7 +13,15 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoConfig, pipeline
 
-from helpers import AGENTS, build_backbone, convert_release, make_queries, run_tool, write_release
+from helpers import (
+    AGENTS,
+    build_backbone,
+    convert_release,
+    make_queries,
+    run_tool,
+    write_operating_release,
+    write_release,
+)
 from reference_impl import ReferenceRouter
 
 
@@ -343,3 +351,78 @@ def test_saved_tokenizer_carries_no_loading_flags(converted):
     folder, _ = converted[0]
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     assert not {"local_files_only", "is_local", "cache_dir", "token", "revision"} & set(settings)
+
+
+POINTS = {"quality": (0.0, 0.0), "cheap": (1.0, 0.0)}
+
+
+def test_a_bundled_release_with_operating_points_routes_each_with_its_head(tmp_path, tokenizer_dir):
+    backbone = build_backbone(tmp_path / "backbone", tokenizer_dir, seed=5)
+    manifest, weights, thetas = write_operating_release(tmp_path / "release", 32, POINTS, "cheap", seed=3)
+    out = tmp_path / "bundled"
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone, "--bundle-backbone"))
+    assert result.returncode == 0, result.stderr
+    queries = make_queries(6, seed=8)
+    expected = {}
+    for name, theta in thetas.items():
+        reference = ReferenceRouter(str(backbone), theta, AGENTS)
+        expected[name] = [AGENTS[i] for i in reference.logits(reference.embed(queries)).argmax(axis=1)]
+    for item in backbone.iterdir():
+        item.unlink()
+    for name in thetas:
+        router = pipeline(
+            "text-classification", model=str(out), trust_remote_code=True, model_kwargs={"operating_point": name}
+        )
+        assert [r["label"] for r in router(queries)] == expected[name]
+    config = json.loads((out / "config.json").read_text())
+    assert config["operating_point"] == "cheap" and config["operating_points"]["cheap"]["cost_weight"] == 1.0
+    assert "operating_points" not in config["training"]
+
+
+def _drop(folder: Path, name: str) -> None:
+    from safetensors.numpy import load_file as load_np
+    from safetensors.numpy import save_file
+
+    heads = load_np(str(folder / "operating_heads.safetensors"))
+    heads.pop(name)
+    save_file(heads, str(folder / "operating_heads.safetensors"))
+
+
+OPERATING_BAD_CASES = {
+    "no heads file": (lambda folder: (folder / "operating_heads.safetensors").unlink(), "not found"),
+    "a point without its head": (lambda folder: _drop(folder, "quality"), "no head for operating point 'quality'"),
+    "another default head": (
+        lambda folder: np.save(folder / "head_weights.npy", np.zeros(32 * 5 + 5)),
+        "is not the head of the default operating point 'cheap'",
+    ),
+    "bad point name": (
+        lambda folder: _edit(folder, {"operating_points": {"1x": {"cost_weight": 0, "latency_weight": 0}}}),
+        "must start with a letter",
+    ),
+    "negative weight": (
+        lambda folder: _edit(folder, {"operating_points": {"cheap": {"cost_weight": -1, "latency_weight": 0}}}),
+        "needs a number cost_weight >= 0",
+    ),
+    "unknown default": (
+        lambda folder: _edit(folder, {"default_operating_point": "fast"}),
+        "is not one of its operating points",
+    ),
+}
+
+
+def _edit(folder: Path, changes: dict) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(changes)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("case", sorted(OPERATING_BAD_CASES))
+def test_bad_operating_point_releases_fail_with_one_line_and_write_nothing(tmp_path, backbone_dir, case):
+    corrupt, message = OPERATING_BAD_CASES[case]
+    manifest, weights, _ = write_operating_release(tmp_path / "release", 32, POINTS, "cheap")
+    corrupt(tmp_path / "release")
+    out = tmp_path / "out"
+    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
+    assert not out.exists()
