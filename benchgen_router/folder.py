@@ -209,6 +209,20 @@ def value_section(config: Any) -> str:
         if p.get("kind") in ("fixed", "best_fixed_train", "random") or p.get("name") == "oracle (cheapest best)"
     ]
     lines += header + rows + [""]
+    if frontier is not None and isinstance(frontier.get("headline"), dict):
+        from benchgen_router.frontier import headline_text
+
+        aiq = frontier.get("aiq") if isinstance(frontier.get("aiq"), dict) else {}
+        window = frontier.get("aiq_window_cost_per_1k") or [None, None]
+        lines += [f"In short: {headline_text(frontier['headline'])}.", ""]
+        if aiq:
+            lines += [
+                "Area under the reward/cost frontier (AIQ: mean best reachable reward over the cost range "
+                f"{_number(window[0])}-{_number(window[-1])} USD per 1,000 queries, mixing policies at random): "
+                + ", ".join(f"{name} {_number(value)}" for name, value in aiq.items())
+                + ".",
+                "",
+            ]
     target = training.get("target_mode") if isinstance(training.get("target_mode"), dict) else None
     if target is not None:
         nested = (target.get("nested_cv") or {}).get("point") or {}

@@ -598,6 +598,27 @@ def headline(result: FrontierResult, eps: float | None = None) -> dict[str, Any]
     return summary
 
 
+def headline_text(summary: dict[str, Any]) -> str:
+    """headline()'s summary as one sentence: the cheapest router point at equal quality, and dominance."""
+    best = summary.get("cheapest_router_by_cost")
+    reference = summary.get("reference")
+    if best is None:
+        text = f"no router point is within {summary['eps']:.4f} reward of {reference} (equal quality: its paired se)"
+    else:
+        text = (
+            f"cheapest router point within {summary['eps']:.4f} reward of {reference} (equal quality: the paired se "
+            f"of the reward-only point): {best['name'].removeprefix('router ')}, {best['reward']:.4f} "
+            f"(Δ {best['delta_reward']:+.4f} ± {best['delta_se']:.4f}) at {100 * (1 - best['cost_saving']):.0f}% of "
+            f"its cost and {100 * (1 - best['latency_saving']):.0f}% of its latency"
+        )
+    dominated = [name for name, by in summary.get("fixed_agents_dominated_by_a_router", {}).items() if by]
+    every = summary.get("router_dominates_every_fixed_agent")
+    return (
+        f"{text}; a router point dominates {'every fixed agent' if every else ', '.join(dominated) or 'no fixed agent'}"
+        " on reward and cost"
+    )
+
+
 @dataclass
 class TargetResult:
     eps: float

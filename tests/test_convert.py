@@ -426,3 +426,21 @@ def test_bad_operating_point_releases_fail_with_one_line_and_write_nothing(tmp_p
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
     assert not out.exists()
+
+
+def test_card_note_is_appended_to_the_card_and_a_missing_note_file_is_one_line(tmp_path, backbone_dir):
+    manifest, weights = write_release(tmp_path / "release", 32, seed=4)
+    note = tmp_path / "note.md"
+    note.write_text("## About this router\n\nTrained for a test.\n")
+    out = tmp_path / "router"
+    result = run_tool("convert", *convert_args(manifest, weights, out, backbone_dir, "--card-note", f"@{note}"))
+    assert result.returncode == 0, result.stderr
+    card = (out / "README.md").read_text()
+    assert "## About this router\n\nTrained for a test." in card and card.index("Trained for") < card.index("end of")
+    missing = run_tool(
+        "convert", *convert_args(manifest, weights, tmp_path / "other", backbone_dir, "--card-note", "@/no/note.md")
+    )
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        "error: cannot read --card-note file /no/note.md (No such file or directory)."
+    ]
+    assert not (tmp_path / "other").exists()

@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 70, 130, 141
 EXIT_CODES_HELP = (
@@ -115,3 +116,17 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
             file=sys.stderr,
         )
         return EXIT_INTERNAL
+
+
+def read_card_note(note: str | None) -> str | None:
+    """--card-note text, or the contents of the file named after '@'."""
+    from benchgen_router.errors import UsageError
+
+    if note is None or not note.startswith("@"):
+        return note
+    try:
+        return Path(note[1:]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(
+            f"cannot read --card-note file {note[1:]} ({getattr(err, 'strerror', None) or err})."
+        ) from None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchgen_router.cli.common import EXIT_CODES_HELP
+from benchgen_router.cli.common import EXIT_CODES_HELP, read_card_note
 
 HELP = "convert a trainer release into a router folder"
 
@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the agent that answers flagged queries (default: the one the manifest or the statistics name)",
     )
     parser.add_argument("--no-ood-guard", action="store_true", help="leave the release's out-of-distribution guard out")
+    parser.add_argument("--card-note", metavar="TEXT|@FILE", help="markdown appended to the model card")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty folder that holds no router")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the folder's model files to this Hub repo")
 
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from benchgen_router.convert import convert_release
     from benchgen_router.folder import push_folder
 
+    card_note = read_card_note(args.card_note)
     folder = convert_release(
         args.manifest,
         args.weights,
@@ -76,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         ood_stats=args.ood_stats,
         ood_guard=not args.no_ood_guard,
         ood_fallback_agent=args.ood_fallback_agent,
+        card_note=card_note,
     )
     if args.push_to_hub:
         push_folder(folder, args.push_to_hub)

@@ -61,6 +61,7 @@ from benchgen_router.cli.common import (
     add_batching_arguments,
     non_negative_int,
     positive_int,
+    read_card_note,
 )
 from benchgen_router.data import DEFAULT_TEST_SPLIT
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH
@@ -367,20 +368,6 @@ def search_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def read_card_note(note: str | None) -> str | None:
-    """--card-note text, or the contents of the file named after '@'."""
-    from benchgen_router.errors import UsageError
-
-    if note is None or not note.startswith("@"):
-        return note
-    try:
-        return Path(note[1:]).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(
-            f"cannot read --card-note file {note[1:]} ({getattr(err, 'strerror', None) or err})."
-        ) from None
-
-
 def model_id(backbone_id: str, agents: list[str], theta: Any) -> str:
     """head-<backbone name>-<10 hex of a hash of the head and pool>, the reference's naming."""
     digest = hashlib.sha256(theta.tobytes() + json.dumps([backbone_id, agents]).encode()).hexdigest()
@@ -680,9 +667,10 @@ def plot_training_frontier(frontier: dict[str, Any], folder: Path) -> None:
 def print_frontier(
     frontier: dict[str, Any], target: dict[str, Any] | None, default: str | None, points: dict[str, Any] | None
 ) -> None:
-    from benchgen_router.frontier import format_frontier, frontier_from_dict
+    from benchgen_router.frontier import format_frontier, frontier_from_dict, headline_text
 
     print(format_frontier(frontier_from_dict(frontier), knn_ks=(5,)))
+    print(headline_text(frontier["headline"]))
     for name, record in (points or {}).items():
         held = record["held_out"]
         print(
