@@ -193,7 +193,10 @@ def value_section(config: Any) -> str:
     if points:
         for name in sorted(points, key=lambda n: (points[n].get("cost_weight", 0), points[n].get("latency_weight", 0))):
             settings = points[name] if isinstance(points[name], dict) else {}
-            weights = f"cost {_text(settings.get('cost_weight'))}, latency {_text(settings.get('latency_weight'))}"
+            weights = ", ".join(
+                f"{kind} {value:g}" if isinstance(value, int | float) and not isinstance(value, bool) else f"{kind} ?"
+                for kind, value in (("cost", settings.get("cost_weight")), ("latency", settings.get("latency_weight")))
+            )
             label = f"`{name}`{' (default)' if name == config.operating_point else ''}: {weights}"
             cv = settings.get("cv") if isinstance(settings.get("cv"), dict) else None
             rows.append(_cv_row(label, cv, reference, agents) if cv else f"| {label} | n/a | n/a | n/a | n/a | |")

@@ -48,3 +48,43 @@ def test_folders_that_hold_something_else_are_refused(tmp_path):
     (tmp_path / "router" / "config.json").write_text(json.dumps({"model_type": "benchgen_router"}))
     assert is_router_folder(tmp_path / "router") and not is_router_folder(tmp_path / "theirs")
     check_output_folder(tmp_path / "router", overwrite=False)  # a router folder is replaced
+
+
+def cv_point(name: str, kind: str, reward: float, cost: float, latency: float) -> dict:
+    return {
+        "name": name, "kind": kind, "reward": reward, "reward_std_repeats": 0.01, "delta_reward": reward - 0.9,
+        "delta_se": 0.02, "cost_per_1k": cost, "latency_s": latency, "share": {a: 0.2 for a in AGENTS},
+    }  # fmt: skip
+
+
+def test_the_card_shows_cost_and_latency_only_when_they_were_measured():
+    assert "## Quality, cost and latency" not in render_card(config(), "org/model", None)
+    frontier = {
+        "repeats": 3, "folds": 5, "rows": 46, "cv_seed": 0, "search": {"generations": 20},
+        "reference": "always frontier_a",
+        "points": [
+            cv_point("router lc0_ll0", "router", 0.87, 0.11, 12.0),
+            cv_point("always frontier_a", "fixed", 0.9, 0.1, 20.0),
+            cv_point("oracle (first best)", "oracle", 0.95, 0.12, 20.0),
+        ],
+    }  # fmt: skip
+    card = render_card(config(frontier=frontier), "org/model", None)
+    assert "## Quality, cost and latency" in card and "3x repeated 5-fold" in card
+    assert "| router (router lc0_ll0) | 0.8700 ± 0.0100 | -0.0300 ± 0.0200 | 0.1100 (110%) | 12.0000 (60%) |" in card
+    assert "| always frontier_a | 0.9000 ± 0.0100 |" in card and "oracle (first best)" not in card
+    assert "operating_point=" not in card  # one head: nothing to choose
+
+
+def test_the_card_lists_every_operating_point_and_marks_the_default():
+    points = {
+        "quality": {"cost_weight": 0, "latency_weight": 0, "cv": cv_point("x", "router", 0.88, 0.1, 10.0)},
+        "cheap": {"cost_weight": 2, "latency_weight": 0},
+    }
+    text = {"model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4}
+    cfg = RouterConfig(
+        text_config=text, id2label=dict(enumerate(AGENTS)), operating_points=points, operating_point="cheap"
+    )
+    card = render_card(cfg, "org/model", None)
+    assert "| `quality`: cost 0, latency 0 | 0.8800 ± 0.0100 |" in card
+    assert "| `cheap` (default): cost 2, latency 0 | n/a |" in card  # measured nothing: claims nothing
+    assert 'operating_point="cheap"' in card
