@@ -138,6 +138,10 @@ def figure_rows(training: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _seconds(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, int | float) and not isinstance(value, bool) else _text(value)
+
+
 def _percent(value: Any, of: Any) -> str:
     numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, of))
     return f"{100 * value / of:.0f}%" if numbers and of else "n/a"
@@ -151,7 +155,7 @@ def _cv_row(label: str, point: dict[str, Any], reference: dict[str, Any], agents
         f"| {label} | {_number(point.get('reward'))} ± {_number(point.get('reward_std_repeats'))} | "
         f"{_number(point.get('delta_reward'))} ± {_number(point.get('delta_se'))} | "
         f"{_number(point.get('cost_per_1k'))} ({_percent(point.get('cost_per_1k'), reference.get('cost_per_1k'))}) | "
-        f"{_number(point.get('latency_s'))} ({_percent(point.get('latency_s'), reference.get('latency_s'))}) | "
+        f"{_seconds(point.get('latency_s'))} ({_percent(point.get('latency_s'), reference.get('latency_s'))}) | "
         f"{shares} |"
     )
 
@@ -217,7 +221,8 @@ def value_section(config: Any) -> str:
 
         aiq = frontier.get("aiq") if isinstance(frontier.get("aiq"), dict) else {}
         window = frontier.get("aiq_window_cost_per_1k") or [None, None]
-        lines += [f"In short: {headline_text(frontier['headline'])}.", ""]
+        names = {f"router lc{p.get('cost_weight', 0):g}_ll{p.get('latency_weight', 0):g}": n for n, p in points.items()}
+        lines += [f"In short: {headline_text(frontier['headline'], names)}.", ""]
         if aiq:
             lines += [
                 "Area under the reward/cost frontier (AIQ: mean best reachable reward over the cost range "
@@ -230,10 +235,10 @@ def value_section(config: Any) -> str:
     if target is not None:
         nested = (target.get("nested_cv") or {}).get("point") or {}
         lines += [
-            f"The default was chosen by target mode (eps {_text(target.get('eps'))}): {_text(target.get('rule'))}. "
+            f"The default was chosen by target mode (eps {target.get('eps')}): {target.get('rule')}. "
             "That rule, run inside nested cross-validation so that the choice never sees the tasks it is scored on, "
             f"reaches {_number(nested.get('reward'))} ± {_number(nested.get('reward_std_repeats'))} at "
-            f"{_number(nested.get('cost_per_1k'))} USD per 1,000 queries and {_number(nested.get('latency_s'))} s: "
+            f"{_number(nested.get('cost_per_1k'))} USD per 1,000 queries and {_seconds(nested.get('latency_s'))} s: "
             "the honest expectation for a point chosen this way.",
             "",
         ]

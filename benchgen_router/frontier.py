@@ -598,16 +598,18 @@ def headline(result: FrontierResult, eps: float | None = None) -> dict[str, Any]
     return summary
 
 
-def headline_text(summary: dict[str, Any]) -> str:
-    """headline()'s summary as one sentence: the cheapest router point at equal quality, and dominance."""
+def headline_text(summary: dict[str, Any], names: dict[str, str] | None = None) -> str:
+    """headline()'s summary as one sentence: the cheapest router point at equal quality, and dominance.
+    `names` renames router points (e.g. "router lc0.2_ll0" -> an operating point's name)."""
     best = summary.get("cheapest_router_by_cost")
+    names = names or {}
     reference = summary.get("reference")
     if best is None:
         text = f"no router point is within {summary['eps']:.4f} reward of {reference} (equal quality: its paired se)"
     else:
         text = (
             f"cheapest router point within {summary['eps']:.4f} reward of {reference} (equal quality: the paired se "
-            f"of the reward-only point): {best['name'].removeprefix('router ')}, {best['reward']:.4f} "
+            f"of the reward-only point): {names.get(best['name'], best['name'])}, {best['reward']:.4f} "
             f"(Δ {best['delta_reward']:+.4f} ± {best['delta_se']:.4f}) at {100 * (1 - best['cost_saving']):.0f}% of "
             f"its cost and {100 * (1 - best['latency_saving']):.0f}% of its latency"
         )

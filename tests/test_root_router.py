@@ -9,7 +9,10 @@ from the repository root, then review the figures in the card:
     benchgen-router train --rewards ../shared/benchgen-pilot/rewards.jsonl \\
         --tasks ../shared/benchgen-pilot/tasks.v1.jsonl --rewards-id benchgen/router-pilot \\
         --backbone sentence-transformers/all-MiniLM-L6-v2 --model-id benchgen-router-lite-demo-minilm \\
-        --output-dir /tmp/default-router-run --export . --card-note @/tmp/card-note.md
+        --calls ../shared/benchgen-pilot/rewards.v1-pilot.jsonl --pool ../shared/benchgen-pilot/agents.json \\
+        --generations 20 --ensemble-seeds 42,43,44,45,46 --operating-point quality=0 \\
+        --operating-point balanced=0.2 --operating-point economy=1.5 --operating-point fast=0:0.01 \\
+        --target-eps 0.01 --output-dir /tmp/default-router-run --export . --card-note @/tmp/card-note.md
     python tests/test_root_router.py --record   # rewrites tests/data/default_router_picks.json
 """
 
@@ -54,9 +57,16 @@ def test_the_root_is_the_router_and_its_readme_is_the_card():
     card, docs = readme.split(CARD_END)
     assert "a demonstration, not the release" in card and "Qwen/Qwen3-1.7B" in card
     training = model.config.training
-    assert (training["n_train"], training["n_test"]) == (35, 11) and training["cross_validation"]["folds"] == 5
+    assert (training["n_train"], training["n_test"]) == (35, 11)
+    assert (training["frontier"]["repeats"], training["frontier"]["folds"]) == (10, 5)
     for figure in (training["test_reward"], training["baselines"]["best_fixed_agent"]):
         assert f"{figure:.4f}" in card
+    # the cost-aware default the card claims, and every point's cross-validated figures on it
+    points = model.config.operating_points
+    assert model.config.operating_point == training["target_mode"]["chosen"] == "balanced"
+    assert set(points) == {"quality", "balanced", "economy", "fast"}
+    for name, point in points.items():
+        assert f"{point['cv']['reward']:.4f} ± {point['cv']['reward_std_repeats']:.4f}" in card, name
     assert "benchgen-router route" in docs and "python -m pytest" in docs  # the project's documentation
 
 
