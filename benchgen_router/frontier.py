@@ -786,16 +786,7 @@ def plot_policies(result: FrontierResult, cost_png: str | Path, latency_png: str
         for p in result.of_kind("oracle"):
             if p.name == "oracle (cheapest best)":
                 ax.plot(getattr(p, axis), p.reward, "*", color="tab:green", ms=12, label="oracle, cheapest of best")
-        line = sorted((getattr(p, axis), p.reward) for p in result.points if getattr(p, flag))
-        ax.step(
-            [x for x, _ in line],
-            [y for _, y in line],
-            where="post",
-            color="tab:red",
-            lw=1.5,
-            alpha=0.5,
-            label="non-dominated frontier",
-        )
+        _draw_frontier(ax, result.points, axis, flag)
         ax.set_xlabel(label)
         ax.set_ylabel("mean reward (in-sample, these rows)")
         ax.set_title(title or f"fixed routers in-sample on {result.rows} rows (no CV)")
@@ -947,6 +938,20 @@ def frontier_from_dict(stored: dict[str, Any]) -> FrontierResult:
         raise UsageError(f"stored frontier is incomplete ({err}); pass what frontier_to_dict wrote.") from None
 
 
+def _draw_frontier(ax: Any, points: Sequence[CVPoint], axis: str, flag: str) -> None:
+    """The non-dominated frontier (points with `flag` set) as a step line over `axis`."""
+    line = sorted((getattr(p, axis), p.reward) for p in points if getattr(p, flag))
+    ax.step(
+        [x for x, _ in line],
+        [y for _, y in line],
+        where="post",
+        color="tab:red",
+        lw=1.5,
+        alpha=0.5,
+        label="non-dominated frontier",
+    )
+
+
 def plot_frontier(
     result: FrontierResult,
     cost_png: str | Path,
@@ -1048,16 +1053,7 @@ def plot_frontier(
                     ms=12,
                     label="oracle, cheapest of best (in-sample)",
                 )
-        line = sorted((getattr(p, axis), p.reward) for p in result.points if getattr(p, flag))
-        ax.step(
-            [x for x, _ in line],
-            [y for _, y in line],
-            where="post",
-            color="tab:red",
-            lw=1.5,
-            alpha=0.5,
-            label="non-dominated frontier",
-        )
+        _draw_frontier(ax, result.points, axis, flag)
         if target:
             ax.axhline(target["reward_floor"], color="tab:green", ls="--", lw=0.8, label="target")
             ax.axvline(target[cap], color="tab:green", ls="--", lw=0.8)
