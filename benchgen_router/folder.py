@@ -250,8 +250,8 @@ def value_section(config: Any) -> str:
             "```python",
             f'model(**batch, operating_point="{default}")',
             f'AutoModel.from_pretrained(repo, trust_remote_code=True, operating_point="{default}")',
-            'pipeline("text-classification", model=repo, trust_remote_code=True,',
-            f'         model_kwargs={{"operating_point": "{default}"}})',
+            f'options = {{"operating_point": "{default}"}}',
+            'pipeline("text-classification", model=repo, trust_remote_code=True, model_kwargs=options)',
             "```",
             "",
             f'With the `benchgen-router` package: `pick_agent(query, operating_point="{default}")`, '
