@@ -538,10 +538,11 @@ def _summarise(
             p for p in points if p.kind == "knn" and p.name.startswith(f"knn{k} ")
         ]
     families["oracle + fixed agents (in-sample)"] = fixed + [p for p in points if p.kind == "oracle"]
+    # With every fixed agent at one cost there is no cost range to average over: no AIQ.
     aiq = {
         name: area_under_frontier([(p.cost_per_1k, p.reward) for p in members], *window)
         for name, members in families.items()
-        if members
+        if members and window[1] > window[0]
     }
     return FrontierResult(
         list(data.agents), rows, folds, repeats, seed, settings, grid, points, reference_name, aiq, window, choices
@@ -739,7 +740,7 @@ def evaluate_policies(
     # routers first, as in the CV table
     result.points = routers + [p for p in result.points if p.kind != "router"]
     mark_frontier(result.points)  # again, without the dropped point (it changes no flag: it is the reference)
-    if len(routers) > 1:
+    if len(routers) > 1 and result.aiq:
         fixed = [(p.cost_per_1k, p.reward) for p in result.of_kind("fixed")]
         single = {
             f"{p.name} + fixed agents": area_under_frontier([*fixed, (p.cost_per_1k, p.reward)], *result.aiq_window)
@@ -878,6 +879,9 @@ def format_frontier(
             f"{_share_text(p.share, agents)}"
         )
     low, high = result.aiq_window
+    if not result.aiq:
+        lines.append(f"AIQ: none (every fixed agent costs {low:.4f} USD/1k, so there is no cost range)")
+        return "\n".join(lines)
     lines.append(
         f"AIQ (mean reachable reward over cost {low:.4f}-{high:.4f} USD/1k): "
         + ", ".join(

@@ -461,3 +461,17 @@ def test_evaluate_policies_scores_fixed_routers_in_sample_against_the_cv_baselin
         fr.evaluate_policies(data, {"router": np.full(12, 3)})
     with pytest.raises(ValueError, match="repeat a baseline's name"):
         fr.evaluate_policies(data, {"uniform random": rows % 3})
+
+
+def test_agents_of_one_cost_have_no_area_and_the_table_says_so():
+    embeddings, data = synthetic(rows=12)
+    same = CostData(
+        data.agents, data.task_ids, data.rewards, np.full_like(data.cost_usd, 1e-4), data.latency_s, data.calls
+    )
+    result = fr.cross_validate_frontier(
+        embeddings, same, [fr.Tradeoff()], folds=2, repeats=1, search_kwargs=FAST, knn_ks=()
+    )
+    assert result.aiq == {}
+    assert fr.format_frontier(result).splitlines()[-1] == (
+        "AIQ: none (every fixed agent costs 0.1000 USD/1k, so there is no cost range)"
+    )
