@@ -70,7 +70,7 @@ def test_the_card_shows_cost_and_latency_only_when_they_were_measured():
     }  # fmt: skip
     card = render_card(config(frontier=frontier), "org/model", None)
     assert "## Quality, cost and latency" in card and "3x repeated 5-fold" in card
-    assert "| router (router lc0_ll0) | 0.8700 ± 0.0100 | -0.0300 ± 0.0200 | 0.1100 (110%) | 12.0000 (60%) |" in card
+    assert "| router (router lc0_ll0) | 0.8700 ± 0.0100 | -0.0300 ± 0.0200 | 0.1100 (110%) | 12.00 (60%) |" in card
     assert "| always frontier_a | 0.9000 ± 0.0100 |" in card and "oracle (first best)" not in card
     assert "operating_point=" not in card  # one head: nothing to choose
 
