@@ -310,7 +310,7 @@ def test_unloadable_model_is_exit_2(tmp_path, capsys):
 def test_sigint_mid_run_leaves_the_previous_output_untouched(converted, tmp_path):
     folder, _ = converted[0]
     source, out = tmp_path / "many.txt", tmp_path / "picks.jsonl"
-    source.write_text("\n".join(make_queries(3000, seed=5)) + "\n")
+    source.write_text("\n".join(make_queries(20000, seed=5)) + "\n")
     out.write_text("previous run\n")
     process = subprocess.Popen(
         [
@@ -338,7 +338,7 @@ def test_sigint_mid_run_leaves_the_previous_output_untouched(converted, tmp_path
     deadline = time.monotonic() + 120
     while b"routing:" not in b"".join(stderr) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.3)  # well inside the routing of 3000 queries, which takes seconds
+    time.sleep(0.3)  # well inside the routing of 20,000 queries, which takes many seconds
     assert process.poll() is None, "the run finished before it could be interrupted"
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=60) == 130
@@ -467,7 +467,7 @@ def test_results_stream_out_before_the_whole_file_is_routed(converted, tmp_path)
     """`route --input big.txt | head -1`: the first pick comes while the rest is still being routed."""
     folder, _ = converted[0]
     source = tmp_path / "many.txt"
-    source.write_text("\n".join(make_queries(3000, seed=5)) + "\n")
+    source.write_text("\n".join(make_queries(20000, seed=5)) + "\n")
     process = subprocess.Popen(
         [sys.executable, "-m", "benchgen_router", "route", "--model", str(folder), "--input", str(source), "--quiet"],
         stdout=subprocess.PIPE,

@@ -42,6 +42,7 @@ pytest.importorskip("ray.serve")
 
 from benchgen_router.errors import UsageError  # noqa: E402
 from benchgen_router.loading import load_router  # noqa: E402
+from benchgen_router.model_code import default_router_dir  # noqa: E402
 from benchgen_router.routing import pick_agent  # noqa: E402
 from benchgen_router.serving import (  # noqa: E402
     APP_NAME,
@@ -212,7 +213,12 @@ def test_healthz_pool_and_openapi(service):
     status, pool = request(service.url + "/v1/pool")
     assert status == 200
     assert [agent["id"] for agent in pool["agents"]] == AGENTS  # pool (logit) order, not the file's
-    assert "operating_points" not in pool  # one head
+    declared = json.loads((default_router_dir() / "config.json").read_text())
+    listed = {point["name"]: point for point in pool["operating_points"]}
+    assert set(listed) == set(declared["operating_points"])
+    assert [name for name, point in listed.items() if point["default"]] == [declared["operating_point"]]
+    for name, point in listed.items():
+        assert point["cost_weight"] == declared["operating_points"][name]["cost_weight"]
     by_id = {entry["agent_id"]: entry for entry in POOL}
     for agent in pool["agents"]:
         assert agent["slug"] == by_id[agent["id"]]["slug"]
@@ -283,7 +289,8 @@ BAD_REQUESTS = [
     (b'{"queries": ["\\u0001"]}', 422, "query 0 has no tokens"),
     (json.dumps({"queries": ["q"] * (MAX_QUERIES + 1)}).encode(), 413, f"limit of {MAX_QUERIES}"),
     (json.dumps({"queries": ["x" * MAX_BYTES]}).encode(), 413, f"limit of {MAX_BYTES}"),
-    (b'{"queries": ["a"], "operating_point": "quality"}', 422, "single head and no operating points"),
+    (b'{"queries": ["a"], "operating_point": "cheap"}', 422, "'cheap' is not one of this router's"),
+    (b'{"queries": ["a"], "operating_point": 3}', 422, '"operating_point" is int, not a name'),
 ]
 
 
@@ -518,7 +525,7 @@ def test_ray_data_reads_parquet(service, tmp_path, expected):
     assert result.skipped == [(7, "'query' is not text (got NoneType)"), (8, "'query' is empty")]
 
 
-def test_ray_data_routes_at_an_operating_point(service, operating_router, tmp_path):
+def test_ray_data_routes_at_an_operating_point(service, operating_router, converted, tmp_path):
     """operating_point= gives pick_agent(..., operating_point=)'s results; a name the router does
     not have is one line before any Ray work (no output file)."""
     pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
@@ -534,7 +541,7 @@ def test_ray_data_routes_at_an_operating_point(service, operating_router, tmp_pa
     assert all(same_result({k: r[k] for k in r if k != "line"}, w) for r, w in zip(got, want, strict=True))
     for model, point, words in (
         (str(folder), "cheap", "'cheap' is not one of this router's: balanced, fast, quality"),
-        (None, "quality", "single head and no operating points"),
+        (str(converted[0][0]), "quality", "single head and no operating points"),
     ):
         missing = tmp_path / f"never-{point}.jsonl"
         with pytest.raises(UsageError, match=words) as refusal:
@@ -684,7 +691,7 @@ def test_a_pool_file_that_does_not_fit_the_router_is_refused(service, tmp_path):
     assert APP_NAME not in ray.serve.status().applications  # refused: nothing left deployed
 
 
-def test_a_wrong_operating_point_stops_the_service_with_one_line(service, operating_router, capsys):
+def test_a_wrong_operating_point_stops_the_service_with_one_line(service, operating_router, converted, capsys):
     """serve --operating-point NAME the router does not have: exit 2 and one line naming its points,
     from its config.json, before anything is deployed; serve() refuses a one-head router's point too."""
     deployed = set(ray.serve.status().applications)
@@ -693,7 +700,7 @@ def test_a_wrong_operating_point_stops_the_service_with_one_line(service, operat
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and "'cheap' is not one of this router's: balanced, fast, quality" in errors[0]
     with pytest.raises(UsageError, match="single head and no operating points"):
-        serve(None, operating_point="quality", blocking=False)
+        serve(converted[0][0], operating_point="quality", blocking=False)
     assert set(ray.serve.status().applications) == deployed
 
 
