@@ -340,9 +340,11 @@ def render_card(
             "`model.safetensors` holds the backbone and the head: this folder loads with no other repository."
         )
     else:
+        points = len(config.operating_points or {})
+        held = f"the {points} heads, one per operating point ({points} x {n_params:,} values)" if points else None
         weights_line = (
-            f"`model.safetensors` holds only the head ({n_params:,} values); the backbone's weights load from "
-            f"`{backbone}`{at_revision} through the normal Hub cache."
+            f"`model.safetensors` holds only {held or f'the head ({n_params:,} values)'}; the backbone's weights "
+            f"load from `{backbone}`{at_revision} through the normal Hub cache."
         )
     # JSON strings are valid YAML scalars, so any id is quoted safely; a path is not a Hub model.
     base_model_line = f"base_model: {json.dumps(backbone)}" if _HUB_ID.match(backbone) else ""
@@ -352,7 +354,9 @@ def render_card(
         "backbone": backbone,
         "embedding_dim": config.embedding_dim,
         "n_agents": len(agents),
-        "head_kind": head_kind,
+        "head_kind": head_kind[:-1] + "; one head per operating point, see below)"
+        if config.operating_points
+        else head_kind,
         "n_params": f"{n_params:,}",
         "weights_line": weights_line,
         "pool_rows": "\n".join(f"| {i} | `{agent}` |" for i, agent in enumerate(agents)),

@@ -88,3 +88,4 @@ def test_the_card_lists_every_operating_point_and_marks_the_default():
     assert "| `quality`: cost 0, latency 0 | 0.8800 ± 0.0100 |" in card
     assert "| `cheap` (default): cost 2, latency 0 | n/a |" in card  # measured nothing: claims nothing
     assert 'operating_point="cheap"' in card
+    assert "holds only the 2 heads, one per operating point (2 x 165 values)" in card
