@@ -788,15 +788,14 @@ def plot_policies(result: FrontierResult, cost_png: str | Path, latency_png: str
             if p.name == "oracle (cheapest best)":
                 ax.plot(getattr(p, axis), p.reward, "*", color="tab:green", ms=12, label="oracle, cheapest of best")
         _draw_frontier(ax, result.points, axis, flag)
-        ax.set_xlabel(label)
-        ax.set_ylabel("mean reward (in-sample, these rows)")
-        ax.set_title(title or f"fixed routers in-sample on {result.rows} rows (no CV)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        with atomic_output(png, "wb") as handle:
-            fig.savefig(handle, format="png")
-        plt.close(fig)
+        _save_plot(
+            fig,
+            ax,
+            png,
+            label,
+            "mean reward (in-sample, these rows)",
+            title or f"fixed routers in-sample on {result.rows} rows (no CV)",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -956,6 +955,21 @@ def _draw_frontier(ax: Any, points: Sequence[CVPoint], axis: str, flag: str) -> 
     )
 
 
+def _save_plot(fig: Any, ax: Any, png: str | Path, xlabel: str, ylabel: str, title: str) -> None:
+    """Label, lay out and write one plot as PNG, atomically, and free it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    with atomic_output(png, "wb") as handle:
+        fig.savefig(handle, format="png")
+    plt.close(fig)
+
+
 def plot_frontier(
     result: FrontierResult,
     cost_png: str | Path,
@@ -1065,15 +1079,14 @@ def plot_frontier(
             x_low, x_high, y_low, y_high = limits[plane]
             ax.set_xlim(x_low, x_high)
             ax.set_ylim(y_low, y_high)
-        ax.set_xlabel(label)
-        ax.set_ylabel("mean reward (held-out, repeated CV)")
-        ax.set_title(title or f"{result.repeats}x{result.folds}-fold CV, {result.rows} rows")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        with atomic_output(png, "wb") as handle:
-            fig.savefig(handle, format="png")
-        plt.close(fig)
+        _save_plot(
+            fig,
+            ax,
+            png,
+            label,
+            "mean reward (held-out, repeated CV)",
+            title or f"{result.repeats}x{result.folds}-fold CV, {result.rows} rows",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
