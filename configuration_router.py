@@ -138,7 +138,7 @@ class RouterConfig(PretrainedConfig):
         self.ood_guard = bool(ood_guard)
         self.ood_score = ood_score
         self.ood_calibration = ood_calibration or {}
-        self.operating_points = _checked_operating_points(operating_points)
+        self.operating_points = check_operating_points(operating_points)
         if operating_point is None and self.operating_points:
             operating_point = min(self.operating_points)
         self.operating_point = operating_point
@@ -190,8 +190,8 @@ class RouterConfig(PretrainedConfig):
         return self.text_config.hidden_size
 
 
-def _checked_operating_points(points: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """The operating points as given, after checking their names and trade-off weights."""
+def check_operating_points(points: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """The operating points as given, after checking their names and trade-off weights (ValueError)."""
     if not points:
         return {}
     if not isinstance(points, dict):
@@ -204,5 +204,5 @@ def _checked_operating_points(points: dict[str, dict[str, Any]] | None) -> dict[
         for key in ("cost_weight", "latency_weight"):
             value = settings.get(key) if isinstance(settings, dict) else None
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"operating point {name!r} needs a finite {key} >= 0, got {value!r}.")
+                raise ValueError(f"operating point {name!r} needs a number {key} >= 0, got {value!r}.")
     return dict(points)

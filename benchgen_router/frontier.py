@@ -147,13 +147,9 @@ def _search_plan(search_kwargs: dict[str, Any] | None) -> tuple[dict[str, Any], 
     return kwargs, shrink, seeds
 
 
-def search_options_problem(search_kwargs: dict[str, Any] | None) -> str | None:
-    """Why these search options cannot run (one line), or None."""
-    try:
-        _search_plan(search_kwargs)
-    except UsageError as err:
-        return str(err)
-    return None
+def check_search_options(search_kwargs: dict[str, Any] | None) -> None:
+    """UsageError (one line) when these search options cannot run: checked before any work."""
+    _search_plan(search_kwargs)
 
 
 def run_search(

@@ -17,7 +17,7 @@ from benchgen_router.model_code import default_router_dir
 logger = logging.getLogger("benchgen_router")
 
 
-def _declared_config(model: str, revision: str | None) -> dict[str, Any]:
+def declared_config(model: str, revision: str | None) -> dict[str, Any]:
     """The router's config.json, read before any of its code runs; what to do when there is none."""
     from transformers.utils import cached_file
 
@@ -60,7 +60,7 @@ def load_router(
 
     check_device(device)
     source = str(default_router_dir() if model is None else model)
-    declared = _declared_config(source, revision)
+    declared = declared_config(source, revision)
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device, allow_emulated_bf16)}
     recorded = declared.get("dtype") or declared.get("torch_dtype")
     if kwargs["dtype"] == "auto" and recorded in ("bfloat16", "float16") and not allow_emulated_bf16:

@@ -7,7 +7,6 @@ config (`config.training`) and shown on its model card, whatever its type.
 
 from __future__ import annotations
 
-import math
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -109,20 +108,14 @@ def check_operating_points(manifest: dict[str, Any], path: str | Path) -> None:
         if manifest.get("default_operating_point") is not None:
             raise UsageError(f"manifest {path} names a default_operating_point but has no operating_points.")
         return
-    from benchgen_router.model_code import OPERATING_POINT_NAME  # the model code's rule (imports transformers)
+    from benchgen_router.model_code import check_operating_points as check_points  # the model code's rule
 
     if not isinstance(points, dict) or not points:
         raise UsageError(f"manifest {path}: operating_points must be a non-empty object of name -> weights.")
-    for name, settings in points.items():
-        if not OPERATING_POINT_NAME.match(name):
-            raise UsageError(
-                f"manifest {path}: operating point name {name!r} must start with a letter and hold only "
-                "letters, digits, '_' or '-'."
-            )
-        for key in ("cost_weight", "latency_weight"):
-            value = settings.get(key) if isinstance(settings, dict) else None
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise UsageError(f"manifest {path}: operating point '{name}' needs a number {key} >= 0, got {value!r}.")
+    try:
+        check_points(points)
+    except ValueError as err:
+        raise UsageError(f"manifest {path}: {err}") from None
     default = manifest.get("default_operating_point", min(points))
     if default not in points:
         raise UsageError(

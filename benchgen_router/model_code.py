@@ -13,13 +13,19 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 _PACKAGED = PACKAGE_DIR / "default_router"
 
 try:  # a clone or an editable install
-    from configuration_router import DEFAULT_TRUNCATION_LENGTH, OPERATING_POINT_NAME, RouterConfig
+    from configuration_router import (
+        DEFAULT_TRUNCATION_LENGTH,
+        OPERATING_POINT_NAME,
+        RouterConfig,
+        check_operating_points,
+    )
     from modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
 except ImportError:  # a wheel install
     from benchgen_router.default_router.configuration_router import (
         DEFAULT_TRUNCATION_LENGTH,
         OPERATING_POINT_NAME,
         RouterConfig,
+        check_operating_points,
     )
     from benchgen_router.default_router.modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
 
@@ -30,6 +36,7 @@ __all__ = [
     "OPERATING_POINT_NAME",
     "RouterConfig",
     "RouterModel",
+    "check_operating_points",
     "default_router_dir",
     "packaged_backbone",
 ]

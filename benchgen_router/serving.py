@@ -662,11 +662,11 @@ def check_router_point(model: str | None, revision: str | None, operating_point:
         return
     if not isinstance(operating_point, str):
         raise UsageError(f"operating_point must be a name (a str) or None, got {type(operating_point).__name__}.")
-    from benchgen_router.loading import _declared_config
+    from benchgen_router.loading import declared_config
     from benchgen_router.model_code import RouterConfig, default_router_dir
 
     try:
-        declared = _declared_config(str(default_router_dir() if model is None else model), revision)
+        declared = declared_config(str(default_router_dir() if model is None else model), revision)
     except UsageError:
         return
     try:

@@ -317,7 +317,7 @@ def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 def check_value_arguments(args: argparse.Namespace) -> None:
     """The cost/latency and search options, checked before any work."""
     from benchgen_router.errors import UsageError
-    from benchgen_router.frontier import search_options_problem
+    from benchgen_router.frontier import check_search_options
 
     for flag, path in (("--calls", args.calls), ("--pool", args.pool)):
         if path is not None and not path.is_file():
@@ -346,9 +346,7 @@ def check_value_arguments(args: argparse.Namespace) -> None:
             raise UsageError(f"--target-eps must be a reward difference >= 0, got {args.target_eps}.")
         if not args.cv_folds:
             raise UsageError("--target-eps chooses by cross-validation: --cv-folds must not be 0.")
-    problem = search_options_problem(search_options(args))
-    if problem:
-        raise UsageError(problem)
+    check_search_options(search_options(args))
 
 
 def search_options(args: argparse.Namespace) -> dict[str, Any]:
