@@ -62,6 +62,10 @@ class RouterConfig(PretrainedConfig):
             query gets the head's pick, exactly as a router without a guard.
         ood_score (`str`, *optional*):
             What the guard's score is (informational).
+        ood_discriminative (`bool`, *optional*, defaults to `False`):
+            `True` when the guard's score is a logistic score `w.u + a*d + b` of the unit embedding `u`
+            and its distance `d` (`model.safetensors` then also holds `ood_weight`,
+            `ood_distance_weight` and `ood_bias`); `False`: the score is the distance `d` itself.
         ood_calibration (`dict`, *optional*):
             How the threshold was calibrated and what the guard measured (keep share, held-out kept
             share, AUROC and flagged share per out-of-distribution group). Informational only.
@@ -69,14 +73,21 @@ class RouterConfig(PretrainedConfig):
             Heads trained at several quality/cost/latency trade-offs, by name: `{name: {"cost_weight": c,
             "latency_weight": l, ...}}`, where each head was trained to maximise reward - c * (USD per
             1,000 queries) - l * (seconds per query); other keys (cross-validated reward, cost and
-            latency) are informational. With them, `model.safetensors` holds one head per name
-            (`head.<name>.weight`, ...). Empty (the default, the original release's layout): one head
+            latency) are informational; `"ood_fallback_agent"` names the agent that answers flagged
+            queries at that point (default: `ood_fallback_agent`). With them, `model.safetensors` holds
+            one head per name (`head.<name>.weight`, ...). Empty (the default, the original release's layout): one head
             (`head.weight`, ...).
         operating_point (`str`, *optional*):
             The operating point whose head answers when `forward` is given none: a name of
             `operating_points` (defaults to the first in name order: config.json stores keys sorted).
             Set it when loading
             (`from_pretrained(..., operating_point="quality")`) to change the default.
+        query_format (`dict`, *optional*):
+            How a query is canonicalised before it is tokenized, so that the forms in which one question
+            reaches a router get one decision: `{"labels": [...], "instructions": [...]}`. A paragraph
+            (text between blank lines) equal to one of `instructions` is dropped, then a leading label
+            (`"Question: "`) and surrounding whitespace. Empty (the default, and every converted
+            release): queries are tokenized exactly as given, as the reference does.
         training (`dict`, *optional*):
             Provenance copied from the trainer's manifest (rewards dataset, split sizes, rewards,
             baselines, ...). Informational only: nothing at inference time reads it.
@@ -102,9 +113,11 @@ class RouterConfig(PretrainedConfig):
         ood_fallback_agent: str | None = None,
         ood_guard: bool = True,
         ood_score: str | None = None,
+        ood_discriminative: bool = False,
         ood_calibration: dict[str, Any] | None = None,
         operating_points: dict[str, dict[str, Any]] | None = None,
         operating_point: str | None = None,
+        query_format: dict[str, list[str]] | None = None,
         training: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -137,12 +150,14 @@ class RouterConfig(PretrainedConfig):
         self.ood_fallback_agent = ood_fallback_agent
         self.ood_guard = bool(ood_guard)
         self.ood_score = ood_score
+        self.ood_discriminative = bool(ood_discriminative)
         self.ood_calibration = ood_calibration or {}
         self.operating_points = check_operating_points(operating_points)
         if operating_point is None and self.operating_points:
             operating_point = min(self.operating_points)
         self.operating_point = operating_point
         self.check_operating_point(operating_point)
+        self.query_format = check_query_format(query_format)
         self.training = training or {}
         super().__init__(**kwargs)
         pool = list((self.id2label or {}).values())
@@ -151,6 +166,10 @@ class RouterConfig(PretrainedConfig):
                 f"ood_fallback_agent {ood_fallback_agent!r} is not an agent of this pool {pool}; "
                 "name the agent that answers flagged queries."
             )
+        for name, settings in self.operating_points.items():
+            agent = settings.get("ood_fallback_agent")
+            if agent is not None and agent not in pool:
+                raise ValueError(f"operating point {name!r}: ood_fallback_agent {agent!r} is not an agent of {pool}.")
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Paths are stored as strings: the config is saved, and its repr built, as JSON. from_pretrained
@@ -173,11 +192,22 @@ class RouterConfig(PretrainedConfig):
                 )
             return None
         name = self.operating_point if name is None else name
-        if name not in self.operating_points:
+        if not isinstance(name, str) or name not in self.operating_points:
             raise ValueError(
                 f"operating_point {name!r} is not one of this router's: {', '.join(sorted(self.operating_points))}."
             )
         return name
+
+    def canonical_query(self, text: str) -> str:
+        """The text the router embeds for `text` (see `query_format`)."""
+        return canonical_query(text, self.query_format)
+
+    def fallback_agent(self, operating_point: str | None = None) -> str | None:
+        """The agent that answers flagged queries at `operating_point` (its own `ood_fallback_agent`,
+        else the router's)."""
+        name = self.check_operating_point(operating_point)
+        settings = self.operating_points[name] if name is not None else {}
+        return settings.get("ood_fallback_agent") or self.ood_fallback_agent
 
     @property
     def has_ood_guard(self) -> bool:
@@ -206,3 +236,29 @@ def check_operating_points(points: dict[str, dict[str, Any]] | None) -> dict[str
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"operating point {name!r} needs a number {key} >= 0, got {value!r}.")
     return dict(points)
+
+
+def canonical_query(text: str, rules: dict[str, list[str]] | None) -> str:
+    """`text` without the paragraphs that are known answer-format instructions and without a known
+    leading label; `text` unchanged when there are no rules or nothing would be left."""
+    if not rules:
+        return text
+    instructions = set(rules.get("instructions", ()))
+    kept = "\n\n".join(part for part in text.split("\n\n") if part.strip() not in instructions).strip()
+    for label in rules.get("labels", ()):
+        if kept.startswith(label):
+            kept = kept[len(label) :].lstrip()
+            break
+    return kept or text
+
+
+def check_query_format(rules: dict[str, Any] | None) -> dict[str, list[str]]:
+    """The canonicalisation rules as given ({} for none), after checking that both keys hold strings."""
+    if not rules:
+        return {}
+    if not isinstance(rules, dict) or set(rules) - {"labels", "instructions"}:
+        raise ValueError("query_format must be a dict with only 'labels' and 'instructions' (lists of strings).")
+    for key, values in rules.items():
+        if not isinstance(values, list) or not all(isinstance(value, str) and value.strip() for value in values):
+            raise ValueError(f"query_format[{key!r}] must be a list of non-empty strings, got {values!r}.")
+    return {key: list(values) for key, values in rules.items()}

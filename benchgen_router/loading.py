@@ -52,11 +52,14 @@ def load_router(
 ) -> tuple[Any, Any]:
     """(RouterModel, tokenizer) from a router folder or Hub id; None means the default router.
 
-    The router's config.json is read first, and its code is trusted (trust_remote_code) only when
-    it declares itself a BenchGen router. `dtype` None keeps the router's own (float32 for converted
+    The router's config.json is read first and must declare a BenchGen router; the model is then
+    built by the package's own RouterModel (the folder's code files are for transformers users).
+    `dtype` None keeps the router's own (float32 for converted
     releases); bfloat16 on a CPU that would only emulate it is refused unless allow_emulated_bf16.
     """
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from benchgen_router.model_code import RouterModel
 
     check_device(device)
     source = str(default_router_dir() if model is None else model)
@@ -68,7 +71,9 @@ def load_router(
     if backbone is not None:
         kwargs["backbone_name_or_path"] = str(backbone)
     try:
-        router = AutoModel.from_pretrained(source, trust_remote_code=True, revision=revision, **kwargs)
+        # The package's own model code, not the folder's copy: a folder written by an older version
+        # routes with today's decision path, and a folder's code is never executed by the tools.
+        router = RouterModel.from_pretrained(source, revision=revision, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=True)
     except (OSError, ValueError, SyntaxError, ImportError, TypeError) as err:
         hint = "pass --model with a converted router folder or Hub id"

@@ -17,7 +17,9 @@ try:  # a clone or an editable install
         DEFAULT_TRUNCATION_LENGTH,
         OPERATING_POINT_NAME,
         RouterConfig,
+        canonical_query,
         check_operating_points,
+        check_query_format,
     )
     from modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
 except ImportError:  # a wheel install
@@ -25,7 +27,9 @@ except ImportError:  # a wheel install
         DEFAULT_TRUNCATION_LENGTH,
         OPERATING_POINT_NAME,
         RouterConfig,
+        canonical_query,
         check_operating_points,
+        check_query_format,
     )
     from benchgen_router.default_router.modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
 
@@ -36,7 +40,9 @@ __all__ = [
     "OPERATING_POINT_NAME",
     "RouterConfig",
     "RouterModel",
+    "canonical_query",
     "check_operating_points",
+    "check_query_format",
     "default_router_dir",
     "packaged_backbone",
 ]

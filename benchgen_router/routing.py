@@ -8,7 +8,8 @@ Each result: {"picked_agent": agent id, "agent_index": its position in the pool,
 {agent: softmax of the logits}, "logits": {agent: raw head score}}, agents in the pool's order.
 A router with an out-of-distribution guard adds "out_of_distribution" (bool) and "ood_score"
 (float); a flagged query's "picked_agent" / "agent_index" are the fallback agent, and "head_pick"
-keeps the head's own choice. Every path builds its results with results_for().
+keeps the head's own choice. The decision is the model's (RouterOutput.picks); every path formats it
+with results_for().
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,86 @@ def right_padded(encoded: Any, rows: Sequence[int], pad_token_id: int, device: A
     return batch
 
 
+@dataclass
+class Routed:
+    """What the model computed for routed queries, in input order (numpy): the head's logits at each
+    query's operating point, the pooled embeddings, the decision (`picks`, the guard's fallback
+    applied) and, with an active guard, its scores and flags (else None)."""
+
+    logits: np.ndarray  # (n, agents) float32
+    embeddings: np.ndarray  # (n, D) float32
+    picks: np.ndarray  # (n,) int64
+    ood_scores: np.ndarray | None
+    out_of_distribution: np.ndarray | None
+    operating_points: list[str | None]
+
+
+def route_queries(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
+    progress: bool = False,
+    desc: str = "routing",
+    operating_points: str | Sequence[str | None] | None = None,
+) -> Routed:
+    """Route texts: each canonicalised as the router's config says (config.query_format), tokenized,
+    and scored by the model in batches; its outputs are gathered, never recomputed.
+
+    Each query's result is what it gets alone. Decoder backbones (Qwen and kin) run packed: the
+    model lays a batch's queries several to a row with no padding computed, and batches are filled
+    up to max_batch_tokens positions (hardware.default_batch_tokens() when None). Other backbones
+    run in length-sorted padded batches of at most `batch_size` queries (16 when None) and
+    max_batch_tokens positions. `operating_points`: one name for all, one per text, or None (the
+    router's default); queries at different points share a batch. Raises EmptyQueryError, before
+    the model runs, for queries that tokenize to nothing, and ValueError for an unknown point.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    check_batching(batch_size, max_batch_tokens)
+    if operating_points is None or isinstance(operating_points, str):
+        points = [operating_points] * len(texts)
+    else:
+        points = list(operating_points)
+        if len(points) != len(texts):
+            raise ValueError(f"{len(points)} operating points for {len(texts)} queries; give one per query.")
+    resolved = {point: model.config.check_operating_point(point) for point in dict.fromkeys(points)}
+    points = [resolved[point] for point in points]
+    canonical = [model.config.canonical_query(text) for text in texts]
+    encoded = tokenizer(canonical, truncation=True, max_length=model.config.truncation_length)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    empty = [i for i, length in enumerate(lengths) if length <= model.config.special_tokens_per_query]
+    if empty:
+        raise EmptyQueryError(empty)
+    weight = next(model.backbone.parameters())
+    budget = max_batch_tokens or default_batch_tokens(weight.device, weight.dtype)
+    packing = sys.modules[type(model).__module__]
+    count = len(texts)
+    logits = np.zeros((count, len(model.config.id2label)), dtype=np.float32)
+    embeddings = np.zeros((count, model.config.embedding_dim), dtype=np.float32)
+    picks = np.zeros(count, dtype=np.int64)
+    guarded = bool(getattr(model, "guards_queries", False))
+    scores = np.zeros(count, dtype=np.float32) if guarded else None
+    flags = np.zeros(count, dtype=bool) if guarded else None
+    with torch.inference_mode(), tqdm(total=count, desc=desc, unit="q", disable=not progress) as bar:
+        for rows in plan_batches(lengths, model.packs_queries, batch_size, budget, packing):
+            batch_points = [points[i] for i in rows]
+            point = batch_points[0] if len(set(batch_points)) == 1 else batch_points
+            output = model(
+                **right_padded(encoded, rows, tokenizer.pad_token_id or 0, weight.device), operating_point=point
+            )
+            logits[rows] = output.logits.float().cpu().numpy()
+            embeddings[rows] = output.embeddings.float().cpu().numpy()
+            picks[rows] = output.picks.cpu().numpy()
+            if guarded:
+                scores[rows] = output.ood_scores.float().cpu().numpy()
+                flags[rows] = output.out_of_distribution.cpu().numpy()
+            bar.update(len(rows))
+    return Routed(logits, embeddings, picks, scores, flags, points)
+
+
 def run_router(
     model: Any,
     tokenizer: Any,
@@ -113,36 +195,9 @@ def run_router(
     progress: bool = False,
     desc: str = "routing",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(logits, embeddings) for texts, in input order, as float32 numpy arrays.
-
-    Each query's result is what it gets alone. Decoder backbones (Qwen and kin) run packed: the
-    model lays a batch's queries several to a row with no padding computed, and batches are filled
-    up to max_batch_tokens positions (hardware.default_batch_tokens() when None). Other backbones
-    run in length-sorted padded batches of at most `batch_size` queries (16 when None) and
-    max_batch_tokens positions. Raises EmptyQueryError, before the model runs, for queries that
-    tokenize to nothing.
-    """
-    import torch
-    from tqdm.auto import tqdm
-
-    check_batching(batch_size, max_batch_tokens)
-    encoded = tokenizer(list(texts), truncation=True, max_length=model.config.truncation_length)
-    lengths = [len(ids) for ids in encoded["input_ids"]]
-    empty = [i for i, length in enumerate(lengths) if length <= model.config.special_tokens_per_query]
-    if empty:
-        raise EmptyQueryError(empty)
-    weight = next(model.backbone.parameters())
-    budget = max_batch_tokens or default_batch_tokens(weight.device, weight.dtype)
-    packing = sys.modules[type(model).__module__]
-    logits = np.zeros((len(texts), len(model.config.id2label)), dtype=np.float32)
-    embeddings = np.zeros((len(texts), model.config.embedding_dim), dtype=np.float32)
-    with torch.inference_mode(), tqdm(total=len(texts), desc=desc, unit="q", disable=not progress) as bar:
-        for rows in plan_batches(lengths, model.packs_queries, batch_size, budget, packing):
-            output = model(**right_padded(encoded, rows, tokenizer.pad_token_id or 0, weight.device))
-            logits[rows] = output.logits.float().cpu().numpy()
-            embeddings[rows] = output.embeddings.float().cpu().numpy()
-            bar.update(len(rows))
-    return logits, embeddings
+    """(logits, embeddings) of route_queries() at the router's default operating point."""
+    routed = route_queries(model, tokenizer, texts, batch_size, max_batch_tokens, progress, desc)
+    return routed.logits, routed.embeddings
 
 
 def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[str, Any]]:
@@ -167,17 +222,6 @@ def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[
     return results
 
 
-def ood_scores_of(model: Any, embeddings: np.ndarray) -> np.ndarray | None:
-    """The guard's scores (n,) float32 of pooled embeddings, computed by the model itself (its own
-    buffers and code, so every path agrees with forward()); None when it has no active guard."""
-    if not getattr(model, "guards_queries", False):
-        return None
-    import torch
-
-    with torch.inference_mode():
-        return model.ood_scores(torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32))).cpu().numpy()
-
-
 def operating_point_of(model: Any, operating_point: str | None) -> str | None:
     """The operating point a call routes at (None: the router's default; None for a single-head
     router), or UsageError naming the router's points."""
@@ -187,48 +231,24 @@ def operating_point_of(model: Any, operating_point: str | None) -> str | None:
         raise UsageError(str(err)) from None
 
 
-def point_logits(model: Any, embeddings: np.ndarray, operating_point: str) -> np.ndarray:
-    """The logits of pooled embeddings under one operating point's head: the head forward() applies."""
-    import torch
+def results_for(model: Any, routed: Routed) -> list[dict[str, Any]]:
+    """The result dicts of routed queries: the model's decision formatted, nothing recomputed.
 
-    head = model.head_for(operating_point)
-    weight = next(head.parameters())
-    with torch.inference_mode():
-        vectors = torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32))
-        return head(vectors.to(device=weight.device, dtype=weight.dtype)).float().cpu().numpy()
-
-
-def results_for(
-    model: Any, logits: np.ndarray, embeddings: np.ndarray, operating_point: str | None = None
-) -> list[dict[str, Any]]:
-    """The result dicts of routed queries (logits and embeddings from run_router): results_from_logits()
-    as it is when the router has one head and no guard (or `config.ood_guard` is False).
-
-    A router with operating points scores at `operating_point` (None: its default), and each dict
-    names it ("operating_point"). With a guard, each dict also holds "out_of_distribution" and
-    "ood_score"; a flagged query goes to `config.ood_fallback_agent` ("picked_agent", "agent_index")
-    and "head_pick" names the head's own choice."""
+    Each: "picked_agent" / "agent_index" (the decision), "probabilities" and "logits" of the head;
+    "operating_point" for a router with operating points; with an active guard "out_of_distribution"
+    and "ood_score", and for a flagged query "head_pick", the head's own choice."""
     agents = model.config.agent_order
-    point = operating_point_of(model, operating_point)
-    if point is not None and point != model.config.operating_point:
-        logits = point_logits(model, embeddings, point)  # run_router scored with the default head
-    results = results_from_logits(logits, agents)
-    if point is not None:
-        for result in results:
-            result["operating_point"] = point
-    scores = ood_scores_of(model, embeddings)
-    if scores is None:
-        return results
-    threshold = float(model.ood_threshold.float())
-    fallback = model.config.ood_fallback_agent
-    for result, score in zip(results, scores, strict=True):
-        flagged = bool(score > threshold)
-        result["out_of_distribution"] = flagged
-        result["ood_score"] = float(score)
-        if flagged:
-            result["head_pick"] = result["picked_agent"]
-            result["picked_agent"] = fallback
-            result["agent_index"] = agents.index(fallback)
+    results = results_from_logits(routed.logits, agents)
+    for row, result in enumerate(results):
+        pick = int(routed.picks[row])
+        if routed.operating_points[row] is not None:
+            result["operating_point"] = routed.operating_points[row]
+        if routed.ood_scores is not None:
+            result["out_of_distribution"] = bool(routed.out_of_distribution[row])
+            result["ood_score"] = float(routed.ood_scores[row])
+            if result["out_of_distribution"]:
+                result["head_pick"] = result["picked_agent"]
+        result["picked_agent"], result["agent_index"] = agents[pick], pick
     return results
 
 
@@ -351,8 +371,8 @@ def pick_agent(
         return []
     router, tokenizer = get_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision)
     operating_point_of(router, operating_point)  # a wrong name is reported before any routing
-    logits, embeddings = run_router(
-        router, tokenizer, queries, batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress
+    routed = route_queries(
+        router, tokenizer, queries, batch_size, max_batch_tokens, progress, operating_points=operating_point
     )
-    results = results_for(router, logits, embeddings, operating_point)
+    results = results_for(router, routed)
     return results[0] if single else results

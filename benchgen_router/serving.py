@@ -82,7 +82,7 @@ from benchgen_router.files import (
     text_problem,
 )
 from benchgen_router.loading import load_router
-from benchgen_router.routing import operating_point_of, results_for, run_router
+from benchgen_router.routing import operating_point_of, results_for, route_queries
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -117,41 +117,23 @@ def token_problems(tokenizer: Any, config: Any, texts: Sequence[str]) -> list[st
     ]
 
 
-def results_at_points(
-    router: Any, logits: np.ndarray, embeddings: np.ndarray, points: Sequence[str | None]
-) -> list[dict[str, Any]]:
-    """results_for() of each routed query at its own operating point (None: the router's default),
-    in input order: one results_for call per distinct point, so queries that ask for different
-    points still share one run of the backbone."""
-    rows_by_point: dict[str | None, list[int]] = {}
-    for row, point in enumerate(points):
-        rows_by_point.setdefault(point, []).append(row)
-    if len(rows_by_point) == 1:  # the usual case: the arrays as they are, no copies
-        return results_for(router, logits, embeddings, points[0])
-    results: list[dict[str, Any]] = [{} for _ in points]
-    for point, rows in rows_by_point.items():
-        for row, result in zip(rows, results_for(router, logits[rows], embeddings[rows], point), strict=True):
-            results[row] = result
-    return results
-
-
 def route_texts(
     router: Any, tokenizer: Any, texts: Sequence[str], points: Sequence[str | None] | None = None
 ) -> list[dict[str, Any] | str]:
-    """pick_agent's result for each text, from one run_router call, each at its operating point
-    (`points`, one per text, checked beforehand; None: all at the router's default). A text the
-    model still refuses (ValueError: it checks for empty queries itself) gets its one-line reason
-    instead of a result, found by routing the batch's texts one at a time, so it never fails the others."""
-    points = [None] * len(texts) if points is None else list(points)
+    """pick_agent's result for each text, from one model run, each at its operating point (`points`,
+    one per text, checked beforehand; None: all at the router's default). A text the model still
+    refuses (ValueError: it checks for empty queries itself) gets its one-line reason instead of a
+    result, found by routing the batch's texts one at a time, so it never fails the others."""
     try:
-        logits, embeddings = run_router(router, tokenizer, texts)
-        return results_at_points(router, logits, embeddings, points)
+        return results_for(router, route_queries(router, tokenizer, texts, operating_points=points))
     except ValueError:
         outcomes: list[dict[str, Any] | str] = []
-        for text, point in zip(texts, points, strict=True):
+        for position, text in enumerate(texts):
             try:
-                logits, embeddings = run_router(router, tokenizer, [text])
-                outcomes.append(results_for(router, logits, embeddings, point)[0])
+                point = None if points is None else points[position]
+                outcomes.append(
+                    results_for(router, route_queries(router, tokenizer, [text], operating_points=point))[0]
+                )
             except ValueError as err:
                 outcomes.append(first_line(err))
         return outcomes

@@ -127,13 +127,18 @@ def chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
 def route_chunk(router: Any, tokenizer: Any, queries: list[Any], args: argparse.Namespace) -> tuple[list, list]:
     """(records for the routable queries, Skipped for those that tokenize to nothing), input order."""
     from benchgen_router.files import Skipped
-    from benchgen_router.routing import EmptyQueryError, results_for, run_router
+    from benchgen_router.routing import EmptyQueryError, results_for, route_queries
 
     skipped = []
     while queries:
         try:
-            logits, embeddings = run_router(
-                router, tokenizer, [q.text for q in queries], args.batch_size, args.max_batch_tokens
+            routed = route_queries(
+                router,
+                tokenizer,
+                [q.text for q in queries],
+                args.batch_size,
+                args.max_batch_tokens,
+                operating_points=args.operating_point,
             )
             break
         except EmptyQueryError as err:
@@ -145,7 +150,7 @@ def route_chunk(router: Any, tokenizer: Any, queries: list[Any], args: argparse.
             queries = [q for i, q in enumerate(queries) if i not in empty]
     else:
         return [], skipped
-    results = results_for(router, logits, embeddings, args.operating_point)
+    results = results_for(router, routed)
     return [
         {"line": q.line, **({"id": q.id} if q.id is not None else {}), **r}
         for q, r in zip(queries, results, strict=True)
@@ -164,7 +169,7 @@ def route_command_line(args: argparse.Namespace) -> int:
     """Queries given as arguments: each must be routable (else one line, exit 2), printed in order."""
     from benchgen_router.errors import UsageError
     from benchgen_router.files import Query, text_problem
-    from benchgen_router.routing import EmptyQueryError, results_for, run_router
+    from benchgen_router.routing import EmptyQueryError, results_for, route_queries
 
     queries = []
     for position, query in enumerate(args.queries, start=1):
@@ -173,15 +178,20 @@ def route_command_line(args: argparse.Namespace) -> int:
         queries.append(Query(position, query))
     router, tokenizer = load(args)
     try:
-        logits, embeddings = run_router(
-            router, tokenizer, [q.text for q in queries], args.batch_size, args.max_batch_tokens
+        routed = route_queries(
+            router,
+            tokenizer,
+            [q.text for q in queries],
+            args.batch_size,
+            args.max_batch_tokens,
+            operating_points=args.operating_point,
         )
     except EmptyQueryError as err:
         numbers = [queries[i].line for i in err.positions]
         raise UsageError(
             f"query {numbers} tokenizes to nothing but special tokens; a router cannot score it."
         ) from None
-    write_records(sys.stdout, results_for(router, logits, embeddings, args.operating_point), as_json=args.json)
+    write_records(sys.stdout, results_for(router, routed), as_json=args.json)
     return EXIT_OK
 
 
