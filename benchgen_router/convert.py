@@ -181,6 +181,7 @@ def release_guard(
         "ood_threshold": guard.threshold,
         "ood_fallback_agent": check_fallback_agent(fallback, manifest["agent_order"], str(stats_file)),
         "ood_score": guard.metadata.get("score"),
+        "ood_discriminative": guard.discriminative,
         "ood_calibration": {key: value for key, value in record.items() if key != "file"},
     }
 
@@ -243,6 +244,7 @@ def convert_release(
         hidden,
         revision,
         truncation_length=manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH),
+        query_format=manifest.get("query_format"),
         bundled_backbone=bundle,
         training=provenance(manifest),
         tokenizer_class=tokenizer_class,

@@ -186,7 +186,8 @@ def value_section(config: Any) -> str:
             f"repeats; Δ ± se: the paired difference to `{_text(reference_name)}` (the best fixed agent) and its "
             'standard error over tasks, which is what "equal quality" has to be judged against. Cost in USD per '
             "1,000 queries, latency in seconds per query, each with its share of the reference's; picks in % per "
-            f"agent ({'/'.join(agents)}).",
+            f"agent ({'/'.join(agents)}). Rows marked *plain questions* score the same held-out heads on the tasks "
+            "as a user would type them: the prompt without its label and answer-format instruction.",
             "",
         ]
     header = [
@@ -204,6 +205,8 @@ def value_section(config: Any) -> str:
             label = f"`{name}`{' (default)' if name == config.operating_point else ''}: {weights}"
             cv = settings.get("cv") if isinstance(settings.get("cv"), dict) else None
             rows.append(_cv_row(label, cv, reference, agents) if cv else f"| {label} | n/a | n/a | n/a | n/a | |")
+            if isinstance(settings.get("cv_plain"), dict):
+                rows.append(_cv_row(f"`{name}`, plain questions", settings["cv_plain"], reference, agents))
     else:
         rows += [
             _cv_row(f"router ({p.get('name')})", p, reference, agents) for p in stored if p.get("kind") == "router"
@@ -269,24 +272,47 @@ def guard_section(config: Any) -> str:
         return ""
     record = config.ood_calibration if isinstance(config.ood_calibration, dict) else {}
     fallback = _text(config.ood_fallback_agent)
+    if getattr(config, "ood_discriminative", False):
+        method = [
+            "arbitrary pick from the head, so the router flags them and names a fallback agent. The score is a",
+            "logistic score of the query's unit-length embedding and its squared Mahalanobis distance to the mean",
+            "of in-distribution texts (stored as `ood_weight`, `ood_distance_weight`, `ood_bias`, `ood_mean` and",
+            "`ood_precision` in `model.safetensors`), fitted on the task prompts, shorter views of them and",
+            "in-domain questions as users type them, against outside queries (chit-chat, writing, code, other",
+            f"languages). A query whose score exceeds the threshold {_number(config.ood_threshold)} is flagged.",
+        ]
+    else:
+        method = [
+            "arbitrary pick from the head, so the router flags them and names a fallback agent. The score is the",
+            "squared Mahalanobis distance of the query's unit-length embedding to the mean of in-distribution",
+            "prompts (shrinkage covariance, stored as `ood_mean` and `ood_precision` in `model.safetensors`); a",
+            f"query whose score exceeds the threshold {_number(config.ood_threshold)} is flagged.",
+        ]
+    fallbacks = {name: config.fallback_agent(name) for name in config.operating_points or {}}
     lines = [
         "## Out-of-distribution guard",
         "",
         "Queries unlike the prompts the head was trained for (another language, another domain) get a close to",
-        "arbitrary pick from the head, so the router flags them and names a fallback agent. The score is the",
-        "squared Mahalanobis distance of the query's unit-length embedding to the mean of in-distribution",
-        "prompts (shrinkage covariance, stored as `ood_mean` and `ood_precision` in `model.safetensors`); a",
-        f"query whose score exceeds the threshold {_number(config.ood_threshold)} is flagged and goes to `{fallback}`.",
+        *method,
         "",
         "| | |",
         "| --- | ---: |",
         f"| fallback agent | `{fallback}`"
         + (f" ({_text(record['fallback_rule'])})" if "fallback_rule" in record else "")
         + " |",
+        *(f"| fallback at `{name}` | `{agent}` |" for name, agent in fallbacks.items()),
         f"| keep share targeted | {_text(record.get('keep_share'))} |",
         f"| prompts (fit / calibration) | {_text(record.get('n_fit'))} / {_text(record.get('n_calibration'))} |",
         f"| calibration prompts kept | {_number(record.get('calibration_kept_share'))} |",
     ]
+    for key, label in (
+        ("plain_calibration_kept_share", "held-out in-domain questions kept"),
+        ("plain_questions_kept_share", "plain in-domain questions kept (`plain_queries.jsonl`, never fitted)"),
+        ("labelled_formatted_flagged_share", "labelled tasks flagged, as formatted"),
+        ("labelled_plain_flagged_share", "labelled tasks flagged, as plain questions"),
+    ):
+        if key in record:
+            lines.append(f"| {label} | {_number(record[key])} |")
     evaluation = record.get("evaluation") if isinstance(record.get("evaluation"), dict) else {}
     groups = evaluation.get("groups") if isinstance(evaluation.get("groups"), dict) else {}
     if groups:
@@ -310,16 +336,23 @@ def guard_section(config: Any) -> str:
             )
     lines += [
         "",
-        "`model(**inputs)` returns `ood_scores` and `out_of_distribution` next to the logits (which stay the",
-        "head's). `pick_agent` and `benchgen-router route` apply the fallback: a flagged result has",
-        '`"out_of_distribution": true`, the fallback as `picked_agent` and the head\'s choice as `head_pick`.',
-        "The text-classification pipeline only sees the logits: it returns the head's scores and does **not**",
-        "apply the fallback. `AutoModel.from_pretrained(..., trust_remote_code=True, ood_guard=False)` switches",
-        "the guard off. It does not catch off-domain questions inside the benchmark's answer-format wrapper.",
+        "`model(**inputs)` returns `ood_scores`, `out_of_distribution` and `picks`, the decision with the",
+        "operating point's fallback applied, next to the logits (which stay the head's). Every entry point",
+        "returns that decision: the text-classification pipeline's top label, `pick_agent`, `benchgen-router",
+        'route` and its service (a flagged result has `"out_of_distribution": true`, the fallback as',
+        "`picked_agent` and the head's choice as `head_pick`). `AutoModel.from_pretrained(...,",
+        "trust_remote_code=True, ood_guard=False)` switches the guard off.",
         "",
         "",
     ]
     return "\n".join(lines)
+
+
+QUERY_LINE = (
+    "Before embedding, a query loses the benchmark wrapper the head was trained with (the labels and\n"
+    "answer-format instructions listed as `query_format` in config.json; `config.canonical_query` applies\n"
+    "them, and the pipeline does so itself), so a plain question and its formatted prompt get one decision.\n"
+)
 
 
 def render_card(
@@ -363,6 +396,7 @@ def render_card(
         "figure_rows": "\n".join(f"| {name} | {value} |" for name, value in figure_rows(training)),
         "repo": repo,
         "truncation_length": config.truncation_length,
+        "query_line": QUERY_LINE if config.query_format else "",
         "card_note": f"\n{note.strip()}\n" if note and note.strip() else "",
         "guard_section": guard_section(config),
         "value_section": value_section(config),

@@ -433,9 +433,12 @@ def cross_validate_frontier(
     searcher: Searcher | None = None,
     knn_ks: Sequence[int] = DEFAULT_KNN_KS,
     progress: bool = False,
+    other_forms: dict[str, np.ndarray] | None = None,
 ) -> FrontierResult:
     """Repeated k-fold CV of the router at every trade-off of the grid, kNN at every (k, trade-off),
-    and the baselines on the same held-out rows (statistics in the module docstring)."""
+    and the baselines on the same held-out rows (statistics in the module docstring). `other_forms`
+    ({form: embeddings of the same rows in another form}) adds, per trade-off, the same held-out
+    heads scoring that form: points "router <trade-off> [<form>]" of kind "router_form"."""
     from tqdm.auto import tqdm
 
     embeddings = np.asarray(embeddings)
@@ -455,6 +458,8 @@ def cross_validate_frontier(
     router = {tradeoff: np.zeros((repeats, len(data)), dtype=int) for tradeoff in grid}
     knn = {(k, tradeoff): np.zeros((repeats, len(data)), dtype=int) for k in knn_ks for tradeoff in grid}
     fixed_train = np.zeros((repeats, len(data)), dtype=int)
+    forms = {form: np.asarray(vectors) for form, vectors in (other_forms or {}).items()}
+    in_form = {(form, tradeoff): np.zeros((repeats, len(data)), dtype=int) for form in forms for tradeoff in grid}
     with tqdm(total=repeats * folds * len(grid), desc="frontier CV", unit="search", disable=not progress) as bar:
         for repeat in range(repeats):
             for fold in range(folds):
@@ -465,12 +470,18 @@ def cross_validate_frontier(
                     utility = utilities[tradeoff]
                     theta = search(embeddings[train], utility[train])
                     router[tradeoff][repeat, test] = head_picks(theta, embeddings[test], agents, hidden_dim)
+                    for form, vectors in forms.items():
+                        in_form[form, tradeoff][repeat, test] = head_picks(theta, vectors[test], agents, hidden_dim)
                     for k in knn_ks:
                         knn[k, tradeoff][repeat, test] = knn_picks(
                             embeddings[train], utility[train], embeddings[test], k
                         )
                     bar.update()
-    return _summarise(data, assignment, grid, router, knn, fixed_train, folds, repeats, seed, settings)
+    extra = {
+        f"{_router_name(tradeoff)} [{form}]": ("router_form", _one_hot(picks, agents))
+        for (form, tradeoff), picks in in_form.items()
+    }
+    return _summarise(data, assignment, grid, router, knn, fixed_train, folds, repeats, seed, settings, extra)
 
 
 def _summarise(
@@ -844,7 +855,7 @@ def _share_text(share: dict[str, float], agents: Sequence[str]) -> str:
 
 def format_frontier(
     result: FrontierResult,
-    kinds: Sequence[str] = ("router", "fixed", "best_fixed_train", "random", "oracle"),
+    kinds: Sequence[str] = ("router", "router_form", "fixed", "best_fixed_train", "random", "oracle"),
     knn_ks: Sequence[int] = (),
     title: str | None = None,
 ) -> str:

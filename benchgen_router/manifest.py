@@ -42,6 +42,7 @@ PROJECT_KEYS = (
     "backbone_revision",
     "held_out",
     "truncation_length",
+    "query_format",
     "evaluation",
     "cross_validation",
     "cma",
@@ -57,7 +58,7 @@ PROJECT_KEYS = (
 PROVENANCE_KEYS = tuple(
     k
     for k in REFERENCE_KEYS + PROJECT_KEYS
-    if k not in ("history", "agent_order", "operating_points", "default_operating_point")
+    if k not in ("history", "agent_order", "operating_points", "default_operating_point", "query_format")
 )
 DEFAULT_TRUNCATION_LENGTH = 1024  # REFERENCE.md: truncation=True, max_length=1024
 
@@ -94,6 +95,13 @@ def validate_manifest(manifest: Any, path: str | Path) -> dict[str, Any]:
     backbone = manifest.get("backbone_model")
     if backbone is not None and (not isinstance(backbone, str) or not backbone.strip()):
         raise UsageError(f"manifest {path}: backbone_model must be a Hub id or folder name, got {backbone!r}.")
+    if manifest.get("query_format") is not None:
+        from benchgen_router.model_code import check_query_format
+
+        try:
+            check_query_format(manifest["query_format"])
+        except ValueError as err:
+            raise UsageError(f"manifest {path}: {err}") from None
     limit = manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH)
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise UsageError(f"manifest {path}: truncation_length must be a positive integer, got {limit!r}.")

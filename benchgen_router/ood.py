@@ -35,8 +35,18 @@ MEAN_KEY = "ood_mean"
 PRECISION_KEY = "ood_precision"
 THRESHOLD_KEY = "ood_threshold"
 GUARD_KEYS = (MEAN_KEY, PRECISION_KEY, THRESHOLD_KEY)
+# A discriminative guard adds a linear score on top of the distance (see fit_discriminative_guard).
+WEIGHT_KEY = "ood_weight"
+DISTANCE_WEIGHT_KEY = "ood_distance_weight"
+BIAS_KEY = "ood_bias"
+DISCRIMINATIVE_KEYS = (WEIGHT_KEY, DISTANCE_WEIGHT_KEY, BIAS_KEY)
+DISCRIMINATIVE_SCORE = (
+    "logistic score w.u + a*d + b of the unit-length embedding u and its squared Mahalanobis distance d to the "
+    "in-distribution mean, fitted on in-distribution against outside queries"
+)
 SHRINKAGE_METHODS = ("oas", "ledoit_wolf")
 DEFAULT_KEEP_SHARE = 0.95
+DEFAULT_L2 = 0.1  # the logistic regression's penalty (docs/ood-guard.md: the comparison)
 CALIBRATION_RULE = "conformal: ceil((n+1)*keep_share)-th smallest of n held-out in-distribution scores"
 # How far from symmetric a stored precision matrix may be (float32 round-off of a symmetric matrix is
 # far smaller; anything larger means the file holds something else).
@@ -188,6 +198,14 @@ class OODGuard:
     precision: np.ndarray  # (D, D) float32, symmetric positive definite
     threshold: float
     metadata: dict[str, str] = field(default_factory=dict)
+    # A discriminative guard's linear part (None: the score is the distance alone).
+    weight: np.ndarray | None = None  # (D,) float32
+    distance_weight: float | None = None
+    bias: float | None = None
+
+    @property
+    def discriminative(self) -> bool:
+        return self.weight is not None
 
     @property
     def embedding_dim(self) -> int:
@@ -200,18 +218,27 @@ class OODGuard:
                 f"the guard takes {self.embedding_dim}-d embeddings; got shape {embeddings.shape} "
                 "(statistics fitted on another backbone?)."
             )
-        return mahalanobis_scores(unit_rows(embeddings), self.mean, self.precision)
+        unit = unit_rows(embeddings)
+        distance = mahalanobis_scores(unit, self.mean, self.precision)
+        if not self.discriminative:
+            return distance
+        return unit @ self.weight.astype(np.float64) + float(self.distance_weight) * distance + float(self.bias)
 
     def flags(self, embeddings: np.ndarray) -> np.ndarray:
         return self.scores(embeddings) > self.threshold
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The tensors as stored (names and dtypes the model's remote code reads)."""
-        return {
+        tensors = {
             MEAN_KEY: np.ascontiguousarray(self.mean, dtype=np.float32),
             PRECISION_KEY: np.ascontiguousarray(self.precision, dtype=np.float32),
             THRESHOLD_KEY: np.asarray(self.threshold, dtype=np.float32),
         }
+        if self.discriminative:
+            tensors[WEIGHT_KEY] = np.ascontiguousarray(self.weight, dtype=np.float32)
+            tensors[DISTANCE_WEIGHT_KEY] = np.asarray(self.distance_weight, dtype=np.float32)
+            tensors[BIAS_KEY] = np.asarray(self.bias, dtype=np.float32)
+        return tensors
 
 
 def fit_guard(
@@ -232,7 +259,7 @@ def fit_guard(
     mean = fit.mean(axis=0).astype(np.float32)
     precision = precision_from_covariance(covariance).astype(np.float32)
     # Calibrate with the float32 statistics that are stored, so the threshold matches what is applied.
-    threshold = conformal_threshold(mahalanobis_scores(calibration, mean, precision), keep_share)
+    threshold = stored_threshold(conformal_threshold(mahalanobis_scores(calibration, mean, precision), keep_share))
     info = {
         "format": GUARD_FORMAT,
         "score": "squared Mahalanobis distance of the unit-length embedding to the in-distribution mean",
@@ -245,7 +272,97 @@ def fit_guard(
         "embedding_dim": str(fit.shape[1]),
     }
     info.update(metadata or {})
-    return OODGuard(mean=mean, precision=precision, threshold=float(np.float32(threshold)), metadata=info)
+    return OODGuard(mean=mean, precision=precision, threshold=threshold, metadata=info)
+
+
+def stored_threshold(value: float) -> float:
+    """`value` as the float32 the checkpoint stores, rounded up: the calibration score that sets the
+    threshold is then kept on every CPU, whichever way its own float32 rounding goes."""
+    stored = np.float32(value)
+    if float(stored) < value:
+        stored = np.nextafter(stored, np.float32(np.inf))
+    return float(stored)
+
+
+def logistic_regression(features: np.ndarray, outside: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
+    """(weights, bias) of an L2-penalised logistic regression of `outside` (bool per row) on `features`,
+    with both classes weighted equally whatever their sizes; Newton's method, deterministic."""
+    rows = np.hstack([features, np.ones((len(features), 1))])
+    labels = outside.astype(np.float64)
+    share = labels.mean()
+    if not 0.0 < share < 1.0:
+        raise UsageError("a discriminative guard needs both in-distribution and outside queries to fit.")
+    sample = np.where(outside, 0.5 / share, 0.5 / (1.0 - share))
+    penalty = np.full(rows.shape[1], float(l2))
+    penalty[-1] = 0.0  # the bias is not penalised
+    theta = np.zeros(rows.shape[1])
+    for _ in range(50):
+        p = 1.0 / (1.0 + np.exp(-np.clip(rows @ theta, -50, 50)))
+        gradient = rows.T @ (sample * (p - labels)) + penalty * theta
+        hessian = (rows * (sample * p * (1.0 - p))[:, None]).T @ rows + np.diag(penalty)
+        step = np.linalg.solve(hessian, gradient)
+        theta -= step
+        if np.abs(step).max() < 1e-10:
+            break
+    return theta[:-1], float(theta[-1])
+
+
+def fit_discriminative_guard(
+    inside: np.ndarray,
+    outside: np.ndarray,
+    calibration: Mapping[str, tuple[np.ndarray, float]],
+    l2: float = DEFAULT_L2,
+    shrinkage: str = "oas",
+    metadata: Mapping[str, str] | None = None,
+) -> OODGuard:
+    """A guard that tells in-distribution queries from outside ones: the Gaussian statistics of the
+    unit-length `inside` embeddings, then a logistic regression of inside against `outside` on the
+    unit embedding and its distance. The threshold keeps at least each calibration set's share of
+    its queries ({name: (embeddings, keep share)}, none of them among the fitted rows): the largest
+    of their conformal thresholds."""
+    fit = unit_rows(inside)
+    away = unit_rows(outside)
+    covariance, shrinkage_weight = shrunk_covariance(fit, shrinkage)
+    mean = fit.mean(axis=0).astype(np.float32)
+    precision = precision_from_covariance(covariance).astype(np.float32)
+    rows = np.vstack([fit, away])
+    # The distance is scaled to the size of a unit vector's coordinates so that one penalty suits both.
+    distance = mahalanobis_scores(rows, mean, precision) / len(mean)
+    weights, bias = logistic_regression(
+        np.hstack([rows, distance[:, None]]), np.r_[np.zeros(len(fit)), np.ones(len(away))].astype(bool), l2
+    )
+    guard = OODGuard(
+        mean=mean,
+        precision=precision,
+        threshold=0.0,
+        weight=weights[:-1].astype(np.float32),
+        distance_weight=float(np.float32(weights[-1] / len(mean))),
+        bias=float(np.float32(bias)),
+    )
+    thresholds = {name: conformal_threshold(guard.scores(rows_), share) for name, (rows_, share) in calibration.items()}
+    info = {
+        "format": GUARD_FORMAT,
+        "score": DISCRIMINATIVE_SCORE,
+        "shrinkage": shrinkage,
+        "shrinkage_weight": f"{shrinkage_weight:.6f}",
+        "l2": f"{l2}",
+        "calibration_rule": CALIBRATION_RULE + ", the largest over the calibration sets",
+        "n_fit": str(len(fit)),
+        "n_outside": str(len(away)),
+        "embedding_dim": str(fit.shape[1]),
+        **{f"keep_share_{name}": f"{share}" for name, (_, share) in calibration.items()},
+        **{f"n_calibration_{name}": str(len(rows_)) for name, (rows_, _) in calibration.items()},
+    }
+    info.update(metadata or {})
+    return OODGuard(
+        mean=mean,
+        precision=precision,
+        threshold=stored_threshold(max(thresholds.values())),
+        metadata=info,
+        weight=guard.weight,
+        distance_weight=guard.distance_weight,
+        bias=guard.bias,
+    )
 
 
 def fit_guard_split(
@@ -279,21 +396,28 @@ def guard_from_tensors(
     """Validate stored statistics (names, shapes, finiteness, a symmetric positive-definite precision,
     a finite threshold) and build the guard; any problem is one UsageError line naming `source`."""
     fix = "refit and save it with ood.save_guard()"
-    missing = [key for key in GUARD_KEYS if key not in tensors]
-    unknown = sorted(set(tensors) - set(GUARD_KEYS))
+    expected = GUARD_KEYS + (DISCRIMINATIVE_KEYS if WEIGHT_KEY in tensors else ())
+    missing = [key for key in expected if key not in tensors]
+    unknown = sorted(set(tensors) - set(expected))
     if missing or unknown:
         raise UsageError(
-            f"OOD statistics {source} must hold exactly {', '.join(GUARD_KEYS)}; "
+            f"OOD statistics {source} must hold exactly {', '.join(expected)}; "
             f"missing {missing or 'none'}, unexpected {unknown or 'none'}: {fix}."
         )
-    mean, precision, threshold = (np.asarray(tensors[key]) for key in GUARD_KEYS)
-    for key, array in zip(GUARD_KEYS, (mean, precision, threshold), strict=True):
+    for key in expected:
+        array = np.asarray(tensors[key])
         if not np.issubdtype(array.dtype, np.floating):
             raise UsageError(f"OOD statistics {source}: {key} has dtype {array.dtype}, not floating point: {fix}.")
-        if not np.isfinite(array).all():
-            raise UsageError(f"OOD statistics {source}: {key} holds NaN or infinite values: {fix}.")
+        with np.errstate(over="ignore"):  # checked as stored and applied: in float32
+            finite = np.isfinite(array.astype(np.float32)).all()
+        if not finite:
+            raise UsageError(f"OOD statistics {source}: {key} holds NaN or infinite values in float32: {fix}.")
+    mean, precision, threshold = (np.asarray(tensors[key]) for key in GUARD_KEYS)
     dim = embedding_dim if embedding_dim is not None else (mean.shape[0] if mean.ndim == 1 else -1)
-    if mean.shape != (dim,) or precision.shape != (dim, dim) or threshold.size != 1:
+    weight = np.asarray(tensors[WEIGHT_KEY]) if WEIGHT_KEY in tensors else None
+    scalars = [np.asarray(tensors[key]) for key in (DISTANCE_WEIGHT_KEY, BIAS_KEY) if key in tensors]
+    linear_fits = weight is None or (weight.shape == (dim,) and all(value.size == 1 for value in scalars))
+    if mean.shape != (dim,) or precision.shape != (dim, dim) or threshold.size != 1 or not linear_fits:
         expected = f"{embedding_dim}-d embeddings" if embedding_dim is not None else "one embedding size"
         raise UsageError(
             f"OOD statistics {source} do not fit {expected}: {MEAN_KEY} {mean.shape}, {PRECISION_KEY} "
@@ -310,11 +434,16 @@ def guard_from_tensors(
     info = dict(metadata or {})
     if info.get("format", GUARD_FORMAT) != GUARD_FORMAT:
         raise UsageError(f"OOD statistics {source} have format {info['format']!r}, not {GUARD_FORMAT!r}: {fix}.")
+    if weight is None and float(threshold.reshape(())) <= 0.0:  # distances are >= 0: every query would be flagged
+        raise UsageError(f"OOD statistics {source}: {THRESHOLD_KEY} must be positive for a distance score: {fix}.")
     return OODGuard(
         mean=mean.astype(np.float32),
         precision=precision.astype(np.float32),
         threshold=float(threshold.reshape(())),
         metadata=info,
+        weight=None if weight is None else weight.astype(np.float32),
+        distance_weight=None if weight is None else float(scalars[0].reshape(())),
+        bias=None if weight is None else float(scalars[1].reshape(())),
     )
 
 
@@ -456,13 +585,8 @@ def evaluate_splits(
 # instruction paragraphs. Mean pooling over the whole prompt is dominated by the wrapper, so a foreign
 # or off-domain question inside it looks in-distribution; pooling only the question's tokens does not
 # (docs/ood-guard.md). Only these exact strings are removed: a user's own last paragraph stays.
-QUERY_LABELS = ("Problem: ", "Question: ")
-ANSWER_FORMAT_PARAGRAPHS = (
-    "Answer with the letter of the single best option, in the form `Answer: X`. Do not explain after the answer line.",
-    "Give the final numeric answer in the form `Answer: <number>` on the last line.",
-    "Give the final answer in the form `Answer: <answer>` on the last line. Answer as briefly as the question allows.",
-    "Put the final answer inside \\boxed{} on the last line.",
-)
+from benchgen_router.forms import INSTRUCTIONS as ANSWER_FORMAT_PARAGRAPHS  # noqa: E402
+from benchgen_router.forms import LABELS as QUERY_LABELS  # noqa: E402
 
 
 def content_span(text: str) -> tuple[int, int]:
@@ -511,21 +635,29 @@ def fallback_agent(rewards: np.ndarray, costs: np.ndarray | None = None, toleran
 # The trainer's guard: fitted on the task pool, stored next to head_weights.npy
 
 GUARD_FILE = "ood_guard.safetensors"  # next to head_weights.npy in a trainer's output folder
-PACKAGED_OOD_QUERIES = Path(__file__).resolve().parent / "data" / "ood_queries.jsonl"
+_DATA = Path(__file__).resolve().parent / "data"
+PACKAGED_OOD_QUERIES = _DATA / "ood_queries.jsonl"  # measuring only: never fitted on
+PACKAGED_PLAIN_QUERIES = _DATA / "plain_queries.jsonl"  # measuring only: in-domain questions as users type them
+PACKAGED_GUARD_INSIDE = _DATA / "guard_fit_inside.jsonl"  # fitting: in-domain questions as users type them
+PACKAGED_GUARD_OUTSIDE = _DATA / "guard_fit_outside.jsonl"  # fitting: queries the guard must flag
+DEFAULT_PLAIN_KEEP_SHARE = 0.9
 DEFAULT_CALIBRATION_SHARE = 0.3
 DEFAULT_SPLIT_SEED = 0
 
 
-def read_ood_queries(path: str | Path = PACKAGED_OOD_QUERIES) -> tuple[list[str], list[str]]:
-    """(queries, groups) of an out-of-distribution query set: JSONL rows with "query" and "group"."""
+def read_ood_queries(
+    path: str | Path = PACKAGED_OOD_QUERIES, what: str = "OOD query set"
+) -> tuple[list[str], list[str]]:
+    """(queries, groups) of a query set (out-of-distribution, or the guard's fitting sets): JSONL rows
+    with "query" and "group"."""
     from benchgen_router.files import read_jsonl
 
-    rows = read_jsonl(path, "OOD query set")
+    rows = read_jsonl(path, what)
     for number, row in enumerate(rows, 1):
         if not isinstance(row.get("query"), str) or not row["query"].strip() or not isinstance(row.get("group"), str):
-            raise UsageError(f"OOD query set {path}: row {number} needs a non-empty 'query' and a 'group' string.")
+            raise UsageError(f"{what} {path}: row {number} needs a non-empty 'query' and a 'group' string.")
     if not rows:
-        raise UsageError(f"OOD query set {path} holds no queries.")
+        raise UsageError(f"{what} {path} holds no queries.")
     return [row["query"] for row in rows], [row["group"] for row in rows]
 
 
@@ -555,14 +687,17 @@ def train_guard(
     costs: np.ndarray | None = None,
     tolerance: float = 0.0,
     metadata: Mapping[str, str] | None = None,
+    fallback: int | None = None,
 ) -> TrainedGuard:
     """Fit the guard on a seeded split of in-distribution prompt embeddings (every prompt of the task
     pool, labelled or not), calibrate it on the held-out part to keep `keep_share`, and pick the
-    fallback agent from the training rows' rewards (fallback_agent(); with `costs`, one per agent in
-    `agents` order, the cheapest within `tolerance` of the best)."""
+    fallback agent: `fallback` (an index into `agents`) when given, else from the training rows'
+    rewards (fallback_agent(); with `costs`, one per agent in `agents` order, the cheapest within
+    `tolerance` of the best)."""
     rows = _as_matrix(embeddings, "embeddings")
     fit_rows, calibration_rows = split_indices(len(rows), (1.0 - calibration_share, calibration_share), seed)
-    fallback = agents[fallback_agent(train_rewards, costs, tolerance)]
+    rule = fallback_rule(costs, tolerance, fallback)
+    fallback = agents[fallback_agent(train_rewards, costs, tolerance) if fallback is None else fallback]
     info = {
         "split_seed": str(seed),
         "calibration_share": f"{calibration_share}",
@@ -576,9 +711,7 @@ def train_guard(
         "score": guard.metadata["score"],
         "threshold": guard.threshold,
         "fallback_agent": fallback,
-        "fallback_rule": "best fixed agent on the training rows"
-        if costs is None
-        else f"cheapest agent within {tolerance} of the best mean reward on the training rows",
+        "fallback_rule": rule,
         "keep_share": keep_share,
         "calibration_rule": CALIBRATION_RULE,
         "n_prompts": len(rows),
@@ -588,6 +721,88 @@ def train_guard(
         "split_seed": seed,
         "shrinkage": guard.metadata["shrinkage"],
         "shrinkage_weight": float(guard.metadata["shrinkage_weight"]),
+    }
+    return TrainedGuard(guard, fallback, record)
+
+
+def fallback_rule(costs: np.ndarray | None, tolerance: float, fallback: int | None) -> str:
+    if fallback is not None:
+        return "highest mean utility on the training rows (ties: the cheaper agent)"
+    if costs is None:
+        return "best fixed agent on the training rows"
+    return f"cheapest agent within {tolerance} of the best mean reward on the training rows"
+
+
+def utility_fallback(utility: np.ndarray, cost: np.ndarray) -> int:
+    """Index of the agent with the highest mean utility over the training rows (utility: (rows,
+    agents), an operating point's reward - weighted cost and latency); among equals, the one with
+    the lowest mean cost `cost` (rows, agents), then the lowest index."""
+    mean_utility = np.asarray(utility, dtype=np.float64).mean(axis=0)
+    mean_cost = np.asarray(cost, dtype=np.float64).mean(axis=0)
+    best = np.flatnonzero(mean_utility >= mean_utility.max() - 1e-12)
+    return int(min(best, key=lambda agent: (mean_cost[agent], agent)))
+
+
+def train_discriminative_guard(
+    prompts: np.ndarray,
+    views: np.ndarray,
+    owners: np.ndarray,
+    inside: np.ndarray,
+    outside: np.ndarray,
+    train_rewards: np.ndarray,
+    agents: Sequence[str],
+    keep_share: float = DEFAULT_KEEP_SHARE,
+    plain_keep_share: float = DEFAULT_PLAIN_KEEP_SHARE,
+    seed: int = DEFAULT_SPLIT_SEED,
+    calibration_share: float = DEFAULT_CALIBRATION_SHARE,
+    l2: float = DEFAULT_L2,
+    fallback: int | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> TrainedGuard:
+    """The trainer's discriminative guard (fit_discriminative_guard). `prompts`: the task pool's
+    canonical prompts; `views`: their guard views (forms.guard_views), `owners[i]` the prompt of view
+    i; `inside`: in-domain questions as users type them; `outside`: queries to flag. A seeded
+    `calibration_share` of the prompts and half of the `inside` questions are held out to calibrate
+    (keep_share of the prompts, plain_keep_share of the questions); the rest, and every outside
+    query, are fitted. The fallback is as in train_guard."""
+    prompts, views = _as_matrix(prompts, "prompt embeddings"), _as_matrix(views, "view embeddings")
+    inside, outside = _as_matrix(inside, "in-domain embeddings"), _as_matrix(outside, "outside embeddings")
+    fit_rows, calibration_rows = split_indices(len(prompts), (1.0 - calibration_share, calibration_share), seed)
+    fit_questions, calibration_questions = split_indices(len(inside), (0.5, 0.5), seed)
+    fitted = np.vstack([views[np.isin(owners, fit_rows)], inside[fit_questions]])
+    rule = fallback_rule(None, 0.0, fallback)
+    fallback = agents[fallback_agent(train_rewards) if fallback is None else fallback]
+    info = {"split_seed": str(seed), "calibration_share": f"{calibration_share}", "fallback_agent": fallback}
+    guard = fit_discriminative_guard(
+        fitted,
+        outside,
+        {
+            "task_prompts": (prompts[calibration_rows], keep_share),
+            "questions": (inside[calibration_questions], plain_keep_share),
+        },
+        l2,
+        metadata={**info, **(metadata or {})},
+    )
+    record: dict[str, object] = {
+        "file": GUARD_FILE,
+        "score": guard.metadata["score"],
+        "threshold": guard.threshold,
+        "fallback_agent": fallback,
+        "fallback_rule": rule,
+        "keep_share": keep_share,
+        "plain_keep_share": plain_keep_share,
+        "calibration_rule": guard.metadata["calibration_rule"],
+        "n_prompts": len(prompts),
+        "n_fit": len(fitted),
+        "n_calibration": len(calibration_rows),
+        "n_plain_calibration": len(calibration_questions),
+        "n_outside": len(outside),
+        "calibration_kept_share": float((~guard.flags(prompts[calibration_rows])).mean()),
+        "plain_calibration_kept_share": float((~guard.flags(inside[calibration_questions])).mean()),
+        "split_seed": seed,
+        "shrinkage": guard.metadata["shrinkage"],
+        "shrinkage_weight": float(guard.metadata["shrinkage_weight"]),
+        "l2": l2,
     }
     return TrainedGuard(guard, fallback, record)
 
@@ -615,17 +830,17 @@ def check_fallback_agent(agent: object, agents: Sequence[str], source: str) -> s
 
 
 def evaluate_guard(
-    guard_scores: Callable[[np.ndarray], np.ndarray],
     threshold: float,
-    in_embeddings: np.ndarray,
-    ood_embeddings: np.ndarray,
+    in_scores: np.ndarray,
+    ood_scores: np.ndarray,
     ood_groups: Sequence[str],
     in_rows: str,
 ) -> dict[str, object]:
     """AUROC of in-distribution against all OOD queries and per group, the share flagged per group at
-    the threshold, and the share of the in-distribution rows kept. `in_rows` says which rows those are."""
-    inside = np.asarray(guard_scores(in_embeddings), dtype=np.float64)
-    outside = np.asarray(guard_scores(ood_embeddings), dtype=np.float64)
+    the threshold, and the share of the in-distribution rows kept, from the guard's scores of both.
+    `in_rows` says which rows those are."""
+    inside = np.asarray(in_scores, dtype=np.float64)
+    outside = np.asarray(ood_scores, dtype=np.float64)
     groups = np.asarray(list(ood_groups))
     per_group = {}
     for group in dict.fromkeys(ood_groups):

@@ -134,9 +134,10 @@ def run(args: argparse.Namespace) -> int:
     from benchgen_router.data import join_rewards, load_rows
     from benchgen_router.evaluation import evaluate_picks, format_evaluation
     from benchgen_router.files import Output, to_json
+    from benchgen_router.forms import FORMS, in_form
     from benchgen_router.loading import load_router
     from benchgen_router.ood import PACKAGED_OOD_QUERIES, evaluate_guard, read_ood_queries
-    from benchgen_router.routing import ood_scores_of, operating_point_of, results_for, run_router
+    from benchgen_router.routing import operating_point_of, route_queries
 
     if args.ood_queries is not None and not args.ood_queries.is_file():
         raise UsageError(f"--ood-queries {args.ood_queries} not found; pass a JSONL file of query, group rows.")
@@ -174,23 +175,36 @@ def run(args: argparse.Namespace) -> int:
         primary = model.config.operating_point if model.config.operating_point in points else points[0]
         rewards = data.rewards[:, [data.agents.index(agent) for agent in pool]]  # columns in logit order
         route = partial(
-            run_router,
+            route_queries,
             model,
             tokenizer,
             batch_size=args.batch_size,
             max_batch_tokens=args.max_batch_tokens,
             progress=not args.no_progress,
         )
-        logits, embeddings = route(data.prompts)
         title = f"evaluation of {args.model or 'the default router'}"
         on_split = f" on split '{args.split}'" if args.split else ""
-        picks_at = {}
-        for point in points:
-            results = results_for(model, logits, embeddings, point)
-            picks_at[point] = np.array([result["agent_index"] for result in results])
-            evaluations[point] = evaluate_picks(picks_at[point], rewards, pool)
+        # Each point on the prompts as the data gives them and as users type them (forms.FORMS).
+        routed = {
+            (form, point): route(in_form(data.prompts, form), operating_points=point)
+            for form in FORMS
+            for point in points
+        }
+        picks_at = {key: routed_at.picks for key, routed_at in routed.items()}
+        by_form: dict[str, dict[str, dict]] = {form: {} for form in FORMS}
+        for (form, point), picks in picks_at.items():
+            evaluation = evaluate_picks(picks, rewards, pool)
+            if routed[form, point].out_of_distribution is not None:
+                evaluation["flagged_share"] = float(routed[form, point].out_of_distribution.mean())
+            by_form[form][point or "router"] = evaluation
+            if form == "formatted":
+                evaluations[point] = evaluation
             at = "" if point is None else f" at operating point '{point}'"
-            print(format_evaluation(evaluations[point], title + at + on_split))
+            print(
+                format_evaluation(
+                    evaluation, title + at + on_split + ("" if form == "formatted" else f", {form} questions")
+                )
+            )
         frontier = None
         if costs is not None:
             frontier = cost_frontier(model, _in_pool_order(costs, pool), picks_at, args)
@@ -200,20 +214,23 @@ def run(args: argparse.Namespace) -> int:
             queries, groups = read_ood_queries(queries_file)
             rows = f"the {len(data)} evaluated prompts" + (f" of split '{args.split}'" if args.split else "")
             guard = evaluate_guard(
-                partial(ood_scores_of, model),
                 float(model.ood_threshold),
-                embeddings,
-                route(queries)[1],
+                routed["formatted", points[0]].ood_scores,
+                route(queries).ood_scores,
                 groups,
                 rows,
             )
             guard["ood_queries_file"] = str(queries_file)
+            for form in FORMS:
+                flags = routed[form, points[0]].out_of_distribution
+                guard[f"{form}_flagged_share"] = float(flags.mean())
             print(format_guard_evaluation(guard))
         if output is not None:
             record = {"model": args.model, "rewards": args.rewards, "split": args.split, **evaluations[primary]}
             if primary is not None:
                 record["operating_point"] = primary
                 record["operating_points"] = {point: evaluations[point] for point in points}
+            record["forms"] = by_form
             if frontier is not None:
                 record["cost_frontier"] = frontier
             if guard is not None:
@@ -240,21 +257,26 @@ IN_SAMPLE_NOTE = (
 )
 
 
-def _point_name(point: str | None) -> str:
-    return "router" if point is None else f"router {point}"
+def _point_name(point: str | None, form: str = "formatted") -> str:
+    name = "router" if point is None else f"router {point}"
+    return name if form == "formatted" else f"{name} [{form}]"
 
 
-def cost_frontier(model: Any, costs: Any, picks_at: dict[str | None, Any], args: argparse.Namespace) -> dict:
+def cost_frontier(
+    model: Any, costs: Any, picks_at: dict[tuple[str, str | None], Any], args: argparse.Namespace
+) -> dict:
     """The evaluated points' cost and latency against the baselines: printed, plotted with --plot, and
     returned as the JSON record's "cost_frontier" (frontier_to_dict's layout plus where it came from)."""
     from benchgen_router import frontier as fr
 
+    settings = model.config.operating_points
     weights = {
-        _point_name(point): (settings["cost_weight"], settings["latency_weight"])
-        for point, settings in model.config.operating_points.items()
-        if point in picks_at
+        _point_name(point, form): (settings[point]["cost_weight"], settings[point]["latency_weight"])
+        for form, point in picks_at
+        if point in settings
     }
-    result = fr.evaluate_policies(costs, {_point_name(point): picks for point, picks in picks_at.items()}, weights)
+    policies = {_point_name(point, form): picks for (form, point), picks in picks_at.items()}
+    result = fr.evaluate_policies(costs, policies, weights)
     where = f"{args.model or 'the default router'} on {result.rows} rows" + (
         f" of split '{args.split}'" if args.split else ""
     )
@@ -273,7 +295,7 @@ def cost_frontier(model: Any, costs: Any, picks_at: dict[str | None, Any], args:
             "calls": str(args.calls),
             "pool": None if args.pool is None else str(args.pool),
             "notes": list(costs.notes),
-            "operating_points": {point: _point_name(point) for point in picks_at if point is not None},
+            "operating_points": {point: _point_name(point) for _, point in picks_at if point is not None},
         }
     )
     return stored
@@ -284,7 +306,9 @@ def format_guard_evaluation(guard: dict) -> str:
     lines = [
         f"out-of-distribution guard (threshold {guard['threshold']:.4f}) on {guard['ood_queries']} queries of "
         f"{guard['ood_queries_file']}: AUROC {guard['auroc']:.3f}, flagged {guard['ood_flagged_share']:.3f}; "
-        f"kept {guard['in_distribution_kept_share']:.3f} of {guard['in_distribution_rows']}"
+        f"kept {guard['in_distribution_kept_share']:.3f} of {guard['in_distribution_rows']}",
+        "flagged share of the evaluated prompts by form: "
+        + ", ".join(f"{form} {guard[f'{form}_flagged_share']:.3f}" for form in ("formatted", "plain")),
     ]
     lines += group_lines(guard["groups"])
     return "\n".join(lines)

@@ -56,6 +56,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from benchgen_router import ood as ood_defaults
 from benchgen_router.cli.common import (
     EXIT_CODES_HELP,
     add_batching_arguments,
@@ -202,13 +205,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     value.add_argument("--cv-seed", type=int, default=0, help="seed of the cost/latency CV folds (default: 0)")
 
+    forms = parser.add_argument_group("query forms")
+    forms.add_argument(
+        "--query-format",
+        choices=("pilot", "none"),
+        default="pilot",
+        help="canonicalise queries before embedding, in training and in the exported router's every entry "
+        "point: 'pilot' drops the pilot's answer-format instructions and labels, so a plain question and its "
+        "benchmark-formatted prompt get one decision; 'none' embeds them as given, as the reference does "
+        "(default: pilot)",
+    )
+
     guard = parser.add_argument_group("out-of-distribution guard")
     guard.add_argument("--no-ood-guard", action="store_true", help="train no out-of-distribution guard (flag no query)")
+    guard.add_argument(
+        "--ood-method",
+        choices=("discriminative", "mahalanobis"),
+        default="discriminative",
+        help="discriminative: a logistic score of the embedding and its Mahalanobis distance, fitted on the "
+        "task prompts and --ood-inside questions against --ood-outside queries; mahalanobis: the distance "
+        "alone, fitted on the task prompts (default: discriminative)",
+    )
     guard.add_argument(
         "--ood-keep-share",
         type=float,
         default=0.95,
         help="share of in-distribution queries the guard keeps (calibrated on held-out prompts; default: 0.95)",
+    )
+    guard.add_argument(
+        "--ood-plain-keep-share",
+        type=float,
+        default=ood_defaults.DEFAULT_PLAIN_KEEP_SHARE,
+        help="discriminative: share of held-out --ood-inside questions kept as well "
+        f"(default: {ood_defaults.DEFAULT_PLAIN_KEEP_SHARE})",
+    )
+    guard.add_argument(
+        "--ood-inside",
+        type=Path,
+        help="discriminative: in-domain questions as users type them (JSONL: query, group), fitted and "
+        "calibrated on with the task prompts (default: the packaged set, benchgen_router/data/guard_fit_inside.jsonl)",
+    )
+    guard.add_argument(
+        "--ood-outside",
+        type=Path,
+        help="discriminative: queries the guard must flag (JSONL: query, group) "
+        "(default: the packaged set, benchgen_router/data/guard_fit_outside.jsonl)",
     )
     guard.add_argument(
         "--ood-queries",
@@ -375,8 +416,6 @@ def model_id(backbone_id: str, agents: list[str], theta: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     from functools import partial
 
-    import numpy as np
-
     from benchgen_router.data import held_out_mask, join_rewards, load_rows
     from benchgen_router.folder import check_output_folder
 
@@ -395,11 +434,14 @@ def run(args: argparse.Namespace) -> int:
         cost_data = costs_for_labelled(data, args.calls, args.pool)
 
     # The data are good: now the heavy imports (torch, transformers).
+    from benchgen_router import ood
     from benchgen_router.convert import convert_release
     from benchgen_router.embeddings import default_cache_dir, embed_prompts
     from benchgen_router.evaluation import evaluate_picks
     from benchgen_router.files import staging_dir, to_json
+    from benchgen_router.forms import QUERY_FORMATS, in_form
     from benchgen_router.head import OPERATING_HEADS_FILE, head_picks, save_operating_heads
+    from benchgen_router.model_code import canonical_query
     from benchgen_router.ood import GUARD_FILE, save_guard
     from benchgen_router.training import cross_validate
 
@@ -428,14 +470,18 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         allow_emulated_bf16=args.allow_emulated_bf16,
     )
-    embedded = embed(data.prompts)
+    rules = QUERY_FORMATS[args.query_format]
+    embedded = embed([canonical_query(prompt, rules) for prompt in data.prompts])
+    # The labelled tasks as users would type them, for the figures on that form.
+    plain = embed([canonical_query(prompt, rules) for prompt in in_form(data.prompts, "plain")]).vectors
     timings["embedding_seconds"] = time.perf_counter() - started
     trained_guard = None
     if not args.no_ood_guard:
         started = time.perf_counter()
-        trained_guard = fit_task_guard(args, task_rows, data, test, embed)
+        trained_guard = fit_task_guard(args, task_rows, data, test, embed, rules, cost_data)
         timings["ood_guard_seconds"] = time.perf_counter() - started
     embeddings, rewards = embedded.vectors.astype(np.float64), data.rewards
+    plain = plain.astype(np.float64)
     options = search_options(args)
     points = dict(args.operating_points or [])
 
@@ -448,7 +494,7 @@ def run(args: argparse.Namespace) -> int:
 
     frontier, target, cv = None, None, None
     if cost_data is not None and args.cv_folds:
-        frontier, target = cost_frontier(args, embeddings, cost_data, points, options, progress)
+        frontier, target = cost_frontier(args, embeddings, cost_data, points, options, progress, {"plain": plain})
         timings["frontier_cv_seconds"] = frontier.pop("seconds")
     elif args.cv_folds:
         started = time.perf_counter()
@@ -472,10 +518,17 @@ def run(args: argparse.Namespace) -> int:
     evaluation = evaluate_picks(picks, rewards[test], data.agents)
 
     manifest = build_manifest(args, data, test, how, result, evaluation, cv, embedded, timings)
+    if rules:
+        manifest["query_format"] = rules
     if points:
         manifest["operating_points"] = operating_point_records(
             points, results, frontier, cost_data, embeddings, test, args.head_hidden_dim
         )
+        if trained_guard is not None:
+            for name, tradeoff in points.items():
+                utility = point_utility(rewards, cost_data, tradeoff)[~test]
+                fallback = ood.utility_fallback(utility, cost_data.cost_per_1k[~test])
+                manifest["operating_points"][name]["ood_fallback_agent"] = data.agents[fallback]
         manifest["default_operating_point"] = default
     if frontier is not None:
         manifest["frontier"] = frontier
@@ -542,9 +595,11 @@ def cost_frontier(
     points: dict[str, Any],
     options: dict[str, Any],
     progress: bool,
+    other_forms: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The repeated-CV frontier of this run's trade-offs (frontier_to_dict, plus "seconds"), and with
-    --target-eps the target-mode choice on it and that rule's nested-CV estimate."""
+    """The repeated-CV frontier of this run's trade-offs (frontier_to_dict, plus "seconds"), with each
+    head also scored on the held-out rows in `other_forms` ({form: embeddings}), and with --target-eps
+    the target-mode choice on it and that rule's nested-CV estimate."""
     from benchgen_router.frontier import (
         Tradeoff,
         cross_validate_frontier,
@@ -565,6 +620,7 @@ def cost_frontier(
         search_kwargs=options,
         knn_ks=(5,),
         progress=progress,
+        other_forms=other_forms,
     )
     stored = frontier_to_dict(result)
     target = None
@@ -630,9 +686,9 @@ def operating_point_records(
                 "latency_s": float(cost_data.latency_s[rows, picks].mean()),
             },
         }
-        cv_point = by_name.get(f"router {tradeoff.name}")
-        if cv_point is not None:
-            record["cv"] = {key: cv_point[key] for key in CV_POINT_KEYS if key in cv_point}
+        for key, policy in (("cv", f"router {tradeoff.name}"), ("cv_plain", f"router {tradeoff.name} [plain]")):
+            if policy in by_name:
+                record[key] = {field: by_name[policy][field] for field in CV_POINT_KEYS if field in by_name[policy]}
         records[name] = record
     return records
 
@@ -688,13 +744,20 @@ def print_frontier(
         print(f"default operating point: {default}")
 
 
-def fit_task_guard(args: argparse.Namespace, task_rows: list[dict[str, Any]], data: Any, test: Any, embed: Any) -> Any:
+def fit_task_guard(
+    args: argparse.Namespace,
+    task_rows: list[dict[str, Any]],
+    data: Any,
+    test: Any,
+    embed: Any,
+    rules: dict[str, list[str]] | None,
+    cost_data: Any = None,
+) -> Any:
     """The out-of-distribution guard of this run (ood.train_guard) on every prompt of the task pool,
-    measured on the OOD query set when there is one; None (with a warning) when the pool has too few
-    prompts to calibrate the keep share."""
-    import numpy as np
-
+    canonicalised as the router will see them, measured on the OOD and plain query sets; None (with
+    a warning) when the pool has too few prompts to calibrate the keep share."""
     from benchgen_router import ood
+    from benchgen_router.model_code import canonical_query
 
     prompts = list(dict.fromkeys(row["prompt"] for row in task_rows if isinstance(row.get("prompt"), str)))
     prompts = [prompt for prompt in prompts if prompt.strip()]
@@ -708,30 +771,60 @@ def fit_task_guard(args: argparse.Namespace, task_rows: list[dict[str, Any]], da
             needed,
         )
         return None
-    vectors = embed(prompts).vectors
-    trained = ood.train_guard(
-        vectors,
-        data.rewards[~test],
-        data.agents,
-        keep_share=args.ood_keep_share,
-        metadata={"backbone": args.backbone_id},
+    fallback = None
+    if cost_data is not None:  # the reward-only point's fallback; operating points get their own
+        fallback = ood.utility_fallback(data.rewards[~test], cost_data.cost_per_1k[~test])
+    vectors = embed([canonical_query(prompt, rules) for prompt in prompts]).vectors
+    metadata = {"backbone": args.backbone_id}
+    if args.ood_method == "mahalanobis":
+        trained = ood.train_guard(
+            vectors, data.rewards[~test], data.agents, args.ood_keep_share, fallback=fallback, metadata=metadata
+        )
+    else:
+        from benchgen_router.forms import guard_views
+
+        views = [guard_views(prompt, rules) for prompt in prompts]
+        flat = embed([view for prompt_views in views for view in prompt_views]).vectors
+        owners = np.repeat(np.arange(len(prompts)), [len(prompt_views) for prompt_views in views])
+        inside, _ = ood.read_ood_queries(args.ood_inside or ood.PACKAGED_GUARD_INSIDE, "in-domain query set")
+        outside, _ = ood.read_ood_queries(args.ood_outside or ood.PACKAGED_GUARD_OUTSIDE, "outside query set")
+        trained = ood.train_discriminative_guard(
+            vectors,
+            flat,
+            owners,
+            embed([canonical_query(query, rules) for query in inside]).vectors,
+            embed([canonical_query(query, rules) for query in outside]).vectors,
+            data.rewards[~test],
+            data.agents,
+            keep_share=args.ood_keep_share,
+            plain_keep_share=args.ood_plain_keep_share,
+            fallback=fallback,
+            metadata=metadata,
+        )
+    _, calibration_rows = ood.split_indices(
+        len(vectors), (1.0 - ood.DEFAULT_CALIBRATION_SHARE, ood.DEFAULT_CALIBRATION_SHARE), ood.DEFAULT_SPLIT_SEED
     )
+    calibration = vectors[np.asarray(calibration_rows)]
     queries_file = args.ood_queries or ood.PACKAGED_OOD_QUERIES
     if queries_file.is_file():
         queries, groups = ood.read_ood_queries(queries_file)
-        _, calibration_rows = ood.split_indices(
-            len(vectors), (1.0 - ood.DEFAULT_CALIBRATION_SHARE, ood.DEFAULT_CALIBRATION_SHARE), ood.DEFAULT_SPLIT_SEED
-        )
-        outside = embed(queries).vectors
         trained.record["evaluation"] = ood.evaluate_guard(
-            trained.guard.scores,
             trained.guard.threshold,
-            vectors[np.asarray(calibration_rows)],
-            outside,
+            trained.guard.scores(calibration),
+            trained.guard.scores(embed([canonical_query(query, rules) for query in queries]).vectors),
             groups,
             f"the {len(calibration_rows)} task prompts of the calibration split, not used to fit the statistics",
         )
         trained.record["evaluation"]["ood_queries_file"] = queries_file.name
+    if ood.PACKAGED_PLAIN_QUERIES.is_file():
+        questions, _ = ood.read_ood_queries(ood.PACKAGED_PLAIN_QUERIES, "plain query set")
+        kept = ~trained.guard.flags(embed([canonical_query(q, rules) for q in questions]).vectors)
+        trained.record["plain_questions_kept_share"] = float(kept.mean())
+    for form in ("formatted", "plain"):  # the labelled tasks, as the data gives them and as users type them
+        from benchgen_router.forms import in_form
+
+        texts = [canonical_query(prompt, rules) for prompt in in_form(data.prompts, form)]
+        trained.record[f"labelled_{form}_flagged_share"] = float(trained.guard.flags(embed(texts).vectors).mean())
     return trained
 
 
@@ -742,6 +835,17 @@ def format_guard(record: dict[str, Any]) -> str:
         f"fitted on {record['n_fit']} task prompts, calibrated on {record['n_calibration']} held out: "
         f"keeps {record['calibration_kept_share']:.3f} of them (target {record['keep_share']})"
     ]
+    if "plain_calibration_kept_share" in record:
+        lines.append(
+            f"  and {record['plain_calibration_kept_share']:.3f} of {record['n_plain_calibration']} held-out "
+            f"in-domain questions (target {record['plain_keep_share']}); fitted against {record['n_outside']} "
+            "outside queries"
+        )
+    if "plain_questions_kept_share" in record:
+        lines.append(f"  plain in-domain questions (packaged set) kept: {record['plain_questions_kept_share']:.3f}")
+    for form in ("formatted", "plain"):
+        if f"labelled_{form}_flagged_share" in record:
+            lines.append(f"  labelled tasks {form}: flagged {record[f'labelled_{form}_flagged_share']:.3f} (in-sample)")
     evaluation = record.get("evaluation")
     if evaluation:
         lines.append(
