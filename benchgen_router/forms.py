@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import re
 
-from benchgen_router.model_code import canonical_query
-
 LABELS = ("Problem: ", "Question: ")
 # The pilot's answer-format instructions, verbatim (benchgen-pilot tasks.v1.jsonl).
 INSTRUCTIONS = (
@@ -26,6 +24,14 @@ PILOT_QUERY_FORMAT = {"labels": list(LABELS), "instructions": list(INSTRUCTIONS)
 QUERY_FORMATS = {"pilot": PILOT_QUERY_FORMAT, "none": None}
 FORMS = ("formatted", "plain")  # as the data gives them; without the pilot's label and instruction
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
+
+
+def canonical_query(text: str, rules: dict[str, list[str]] | None) -> str:
+    """The router's own canonicalisation (configuration_router.canonical_query), imported when used:
+    the model code imports transformers."""
+    from benchgen_router.model_code import canonical_query as canonicalise
+
+    return canonicalise(text, rules)
 
 
 def plain_question(prompt: str) -> str:

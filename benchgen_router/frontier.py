@@ -709,6 +709,7 @@ def evaluate_policies(
     data: CostData,
     router_picks: dict[str, np.ndarray],
     weights: dict[str, tuple[float, float]] | None = None,
+    other_forms: dict[str, np.ndarray] | None = None,
 ) -> FrontierResult:
     """In-sample operating points of fixed routers on the rows of `data`, against every fixed agent,
     uniform random and the per-task oracles on the same rows, with the frontier marks and the AIQ.
@@ -721,17 +722,21 @@ def evaluate_policies(
     to the best fixed agent and its standard error over tasks. The baselines are _summarise's, so
     they are computed exactly as in the CV; "best fixed (train folds)" is left out, having no training
     folds here (it would repeat the reference). With several routers the AIQ also has one entry per
-    router, each with the fixed agents only."""
+    router, each with the fixed agents only. `other_forms` adds routers' picks on the same rows in
+    another form of the prompts (e.g. "router balanced [plain]"), as points of kind "router_form",
+    which join no frontier family."""
     rows, agents = len(data), len(data.agents)
     if not router_picks:
         raise ValueError("evaluate_policies needs at least one router's picks")
     weights = weights or {}
     extra: dict[str, tuple[str, np.ndarray]] = {}
-    for name, picks in router_picks.items():
+    policies = [(name, picks, "router") for name, picks in router_picks.items()]
+    policies += [(name, picks, "router_form") for name, picks in (other_forms or {}).items()]
+    for name, picks, kind in policies:
         picks = np.asarray(picks)
         if picks.shape != (rows,) or picks.dtype.kind not in "iu" or (picks < 0).any() or (picks >= agents).any():
             raise ValueError(f"picks of {name!r} must be {rows} agent indices in [0, {agents}), got {picks!r}")
-        extra[name] = ("router", _one_hot(picks, agents)[None])  # (1 repeat, rows, agents)
+        extra[name] = (kind, _one_hot(picks, agents)[None])  # (1 repeat, rows, agents)
     assignment = np.zeros((1, rows), dtype=int)  # a single "fold" holding every row
     fixed_train = np.full((1, rows), best_fixed_agent(data.rewards, data.cost_per_1k))
     result = _summarise(data, assignment, [], {}, {}, fixed_train, 1, 1, 0, dict(IN_SAMPLE_SEARCH), extra)
@@ -741,7 +746,7 @@ def evaluate_policies(
     result.points = [p for p in result.points if p.kind != "best_fixed_train"]
     result.choices = {p.name: result.choices[p.name] for p in result.points}
     routers = result.of_kind("router")
-    for point in routers:
+    for point in routers + result.of_kind("router_form"):
         if point.name in weights:
             point.cost_weight, point.latency_weight = (float(w) for w in weights[point.name])
     # routers first, as in the CV table

@@ -59,7 +59,7 @@ def load_router(
     """
     from transformers import AutoTokenizer
 
-    from benchgen_router.model_code import RouterModel
+    from benchgen_router.model_code import RouterConfig, RouterModel
 
     check_device(device)
     source = str(default_router_dir() if model is None else model)
@@ -73,8 +73,9 @@ def load_router(
     try:
         # The package's own model code, not the folder's copy: a folder written by an older version
         # routes with today's decision path, and a folder's code is never executed by the tools.
-        router = RouterModel.from_pretrained(source, revision=revision, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=True)
+        config = RouterConfig.from_pretrained(source, revision=revision)
+        router = RouterModel.from_pretrained(source, config=config, revision=revision, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, config=config, revision=revision)
     except (OSError, ValueError, SyntaxError, ImportError, TypeError) as err:
         hint = "pass --model with a converted router folder or Hub id"
         if model is None:

@@ -581,24 +581,23 @@ def evaluate_splits(
 # ---------------------------------------------------------------------------------------------
 # The question inside the pilot's answer-format wrapper (for content pooling, a measured remedy)
 
+
 # Every pilot prompt (tasks.v1.jsonl) is a label, the question, a blank line and one of these
 # instruction paragraphs. Mean pooling over the whole prompt is dominated by the wrapper, so a foreign
 # or off-domain question inside it looks in-distribution; pooling only the question's tokens does not
 # (docs/ood-guard.md). Only these exact strings are removed: a user's own last paragraph stays.
-from benchgen_router.forms import INSTRUCTIONS as ANSWER_FORMAT_PARAGRAPHS  # noqa: E402
-from benchgen_router.forms import LABELS as QUERY_LABELS  # noqa: E402
-
-
 def content_span(text: str) -> tuple[int, int]:
     """(start, end) character offsets of the question inside a known answer-format wrapper: after a
     known label, before a known final paragraph (preceded by a blank line); (0, len) without either,
     and never an empty span."""
+    from benchgen_router.forms import INSTRUCTIONS, LABELS
+
     end = len(text.rstrip())
-    for paragraph in ANSWER_FORMAT_PARAGRAPHS:
+    for paragraph in INSTRUCTIONS:
         if text[:end].endswith("\n\n" + paragraph):
             end = len(text[: end - len(paragraph)].rstrip())
             break
-    start = next((len(label) for label in QUERY_LABELS if text.startswith(label)), 0)
+    start = next((len(label) for label in LABELS if text.startswith(label)), 0)
     if not text[start:end].strip():  # only a wrapper: keep everything rather than nothing
         return 0, len(text.rstrip())
     return start, end

@@ -148,7 +148,9 @@ def test_cli_prints_the_table_and_exits_0(trained, backbone_dir):
     lines = result.stdout.splitlines()
     assert lines[0] == f"evaluation of {folder / 'router'} on split 'test' (8 rows)"  # stdout is the table only
     assert lines[3].split() == ["router", f"{manifest['evaluation']['router']:.4f}"]
-    assert sum(int(line.split()[-1]) for line in lines if line.startswith("picks: ")) == 8
+    # one table as the data gives the prompts, one as plain questions (label and instruction removed)
+    assert sum(int(line.split()[-1]) for line in lines if line.startswith("picks: ")) == 2 * 8
+    assert f"evaluation of {folder / 'router'} on split 'test', plain questions (8 rows)" in lines
 
 
 # ---------------------------------------------------------------------------------------------

@@ -186,18 +186,26 @@ def test_guard_is_fitted_on_the_whole_task_pool_and_exported(pilot_run):
     from benchgen_router import ood
 
     folder, result, _ = pilot_run
-    record = json.loads((folder / "out" / "manifest.json").read_text())["ood_guard"]
-    assert (record["n_prompts"], record["n_fit"], record["n_calibration"]) == (1110, 777, 333)
-    assert record["keep_share"] == 0.95 and 0.95 <= record["calibration_kept_share"] <= 0.95 + 1 / 334
+    manifest = json.loads((folder / "out" / "manifest.json").read_text())
+    record = manifest["ood_guard"]
+    assert (record["n_prompts"], record["n_calibration"], record["n_plain_calibration"]) == (1110, 333, 350)
+    assert record["n_outside"] == 1000 and record["n_fit"] > 1110  # views of 777 prompts and 350 typed questions
+    # conformal ranks ceil((n + 1) q): each calibration set keeps at least that many, whatever the CPU
+    assert record["keep_share"] == 0.95 and record["calibration_kept_share"] >= 318 / 333
+    assert record["plain_keep_share"] == 0.9 and record["plain_calibration_kept_share"] >= 316 / 350
     assert record["fallback_agent"] == "frontier_b"  # the best fixed agent on the 35 training rows
+    assert manifest["query_format"]["labels"] == ["Problem: ", "Question: "]
+    assert {"labelled_formatted_flagged_share", "labelled_plain_flagged_share"} <= set(record)
     guard = ood.load_guard(folder / "out" / record["file"], embedding_dim=32)
     assert guard.threshold == record["threshold"] and guard.metadata["backbone"] == "test-org/tiny-qwen3"
+    assert guard.discriminative
     evaluation = record["evaluation"]
     assert evaluation["ood_queries_file"] == "ood_queries.jsonl" and evaluation["in_distribution_count"] == 333
     assert set(evaluation["groups"]) >= {"german", "code_tooling", "benchmark_style_templated"}
     assert f"out-of-distribution guard: threshold {record['threshold']:.4f}" in result.stdout
     config = json.loads((folder / "router" / "config.json").read_text())
     assert config["ood_threshold"] == record["threshold"] and config["ood_fallback_agent"] == "frontier_b"
+    assert config["ood_discriminative"] is True and config["query_format"] == manifest["query_format"]
     assert config["ood_calibration"]["evaluation"] == evaluation
     assert "## Out-of-distribution guard" in (folder / "router" / "README.md").read_text()
 

@@ -66,3 +66,63 @@ def test_guard_settings_default_to_no_guard_and_round_trip(tmp_path):
     loaded = RouterConfig.from_pretrained(tmp_path, ood_guard=False)
     assert (loaded.ood_threshold, loaded.ood_fallback_agent, loaded.ood_guard) == (512.5, "frontier_b", False)
     assert loaded.has_ood_guard and loaded.ood_calibration == {"keep_share": 0.95}
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonical queries, per-point fallback agents
+
+RULES = {"labels": ["Question: ", "Problem: "], "instructions": ["Reply with `Answer: X`.", "Box it."]}
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("Question: What is 2+2?\n\nReply with `Answer: X`.", "What is 2+2?"),
+        ("Question: Pick one.\n\nA. x\nB. y\n\nReply with `Answer: X`.", "Pick one.\n\nA. x\nB. y"),
+        ("Problem: Find x.\n\nBox it.\n", "Find x."),  # a trailing newline is whitespace
+        ("Reply with `Answer: X`.\n\nWhat is 2+2?", "What is 2+2?"),  # an instruction anywhere
+        ("  what is 2+2?  ", "what is 2+2?"),
+        ("What is 2+2? Reply with `Answer: X`.", "What is 2+2? Reply with `Answer: X`."),  # not a paragraph
+        ("The Question: of the day", "The Question: of the day"),  # a label only at the start
+        ("Reply with `Answer: X`.", "Reply with `Answer: X`."),  # never emptied
+        ("Question: ", "Question:"),  # the label alone is all there is: only whitespace goes
+    ],
+)
+def test_canonical_query_drops_only_the_known_wrapper(text, canonical):
+    assert router_config(query_format=RULES).canonical_query(text) == canonical
+
+
+def test_without_rules_the_query_is_embedded_exactly_as_given():
+    text = "  Question: What is 2+2?\n\nReply with `Answer: X`.\n"
+    assert router_config().canonical_query(text) == text and router_config().query_format == {}
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [{"labels": "Question: "}, {"labels": [""]}, {"instructions": [3]}, {"prefixes": ["x"]}, ["Question: "]],
+)
+def test_malformed_query_rules_are_refused(rules):
+    with pytest.raises(ValueError, match="query_format"):
+        router_config(query_format=rules)
+
+
+def test_each_operating_point_may_name_its_own_fallback_agent():
+    points = {
+        "quality": {"cost_weight": 0, "latency_weight": 0},
+        "economy": {"cost_weight": 1.5, "latency_weight": 0, "ood_fallback_agent": "open_cheap_reasoning"},
+    }
+    config = router_config(
+        ood_threshold=1.0, ood_fallback_agent="frontier_b", operating_points=points, operating_point="quality"
+    )
+    assert config.fallback_agent() == config.fallback_agent("quality") == "frontier_b"
+    assert config.fallback_agent("economy") == "open_cheap_reasoning"
+    points["economy"]["ood_fallback_agent"] = "gpt_x"
+    with pytest.raises(ValueError, match="'economy': ood_fallback_agent 'gpt_x' is not an agent"):
+        router_config(ood_threshold=1.0, ood_fallback_agent="frontier_b", operating_points=points)
+
+
+@pytest.mark.parametrize("name", [["quality"], 5, {"quality": 1}])
+def test_an_operating_point_that_is_not_a_name_is_a_value_error(name):
+    config = router_config(operating_points={"quality": {"cost_weight": 0, "latency_weight": 0}})
+    with pytest.raises(ValueError, match="is not one of this router's: quality"):
+        config.check_operating_point(name)

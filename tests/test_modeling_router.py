@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import OPERATING_POINTS
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
@@ -528,3 +529,131 @@ def test_an_unknown_operating_point_is_a_clear_error(operating_router, converted
     with pytest.raises(ValueError, match="single head and no operating points"):
         single(**batch, operating_point="quality")
     assert single.config.operating_points == {} and single.config.operating_point is None
+
+
+# ---------------------------------------------------------------------------------------------
+# One decision: the model applies the guard's fallback per operating point, and every entry point
+# (forward, the Hub pipeline, pick_agent, the route command) returns it
+
+WRAP = "Question: {}\n\nReply with `Answer: X`."
+OUTSIDE = [
+    "日本語の質問です。今日は何曜日ですか？" * 3,
+    "Привет! Как дела? Что ты делаешь сегодня вечером?" * 2,
+    "¿Dónde está la biblioteca? Necesito estudiar para mañana.",
+    "Bonjour, pouvez-vous m'aider à écrire une lettre ?",
+] * 3
+FALLBACKS = {"quality": "frontier_b", "fast": "open_mid"}  # 'balanced' keeps the router's own, frontier_c
+
+
+@pytest.fixture(scope="module")
+def decision_router(workdir, backbone_dir, converted):
+    """A converted router with operating points, canonicalisation rules, a discriminative guard and a
+    fallback agent per point (FALLBACKS; the router's own, frontier_c, for 'balanced')."""
+    from benchgen_router import ood
+    from benchgen_router.loading import load_router
+    from benchgen_router.routing import run_router
+    from helpers import write_operating_release
+
+    plain_model, tokenizer = load_router(str(converted[0][0]))
+    _, inside = run_router(plain_model, tokenizer, QUERIES + make_queries(60, seed=11))
+    _, outside = run_router(plain_model, tokenizer, OUTSIDE)
+    folder = workdir / "release-decision"
+    manifest_path, weights, _ = write_operating_release(
+        folder, 32, OPERATING_POINTS, "balanced", seed=5, backbone=str(backbone_dir)
+    )
+    guard = ood.fit_discriminative_guard(inside[:60], outside, {"queries": (inside[60:], 0.9)}, l2=0.1)
+    ood.save_guard(folder / ood.GUARD_FILE, guard)
+    manifest = json.loads(manifest_path.read_text())
+    manifest["query_format"] = {"labels": ["Question: "], "instructions": ["Reply with `Answer: X`."]}
+    manifest["ood_guard"] = {"threshold": guard.threshold, "fallback_agent": "frontier_c"}
+    for name, agent in FALLBACKS.items():
+        manifest["operating_points"][name]["ood_fallback_agent"] = agent
+    manifest_path.write_text(json.dumps(manifest))
+    return convert_release(manifest_path, weights, workdir / "router-decision", backbone_dir)
+
+
+def test_forward_picks_are_the_head_or_each_points_fallback(decision_router):
+    model = AutoModel.from_pretrained(decision_router, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(decision_router)
+    texts = QUERIES[:6] + OUTSIDE[:4]
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    for name in ("quality", "balanced", "fast"):
+        with torch.inference_mode():
+            output = model(**batch, operating_point=name)
+        assert output.out_of_distribution[6:].all() and not output.out_of_distribution[:6].all()
+        fallback = AGENTS.index(FALLBACKS.get(name, "frontier_c"))
+        expected = torch.where(output.out_of_distribution, fallback, output.logits.argmax(-1))
+        assert torch.equal(output.picks, expected)
+    # one pass for queries at different points: each row is what its point gives alone
+    points = ["quality", "fast", "balanced", "fast", "quality"] * 2
+    with torch.inference_mode():
+        mixed = model(**batch, operating_point=points)
+        alone = {name: model(**batch, operating_point=name) for name in set(points)}
+    for row, name in enumerate(points):
+        assert torch.allclose(mixed.logits[row], alone[name].logits[row], atol=1e-6)
+        assert int(mixed.picks[row]) == int(alone[name].picks[row])
+    with pytest.raises(ValueError, match="3 operating points for a batch of 10"):
+        model(**batch, operating_point=points[:3])
+
+
+def test_every_entry_point_returns_the_same_decision(decision_router):
+    """pipeline() with nothing but transformers, pick_agent and the route command agree on every
+    query, flagged or not, formatted or plain, at the default and at a named point."""
+    from benchgen_router.routing import pick_agent
+    from helpers import run_tool
+
+    folder = str(decision_router)
+    texts = QUERIES[:5] + [WRAP.format(q) for q in QUERIES[:5]] + OUTSIDE[:4] + [WRAP.format(OUTSIDE[0])]
+    router = pipeline("text-classification", model=folder, trust_remote_code=True)
+    assert type(router).__name__ == "RouterPipeline"
+    for point in (None, "fast"):
+        kwargs = {} if point is None else {"operating_point": point}
+        picked = pick_agent(texts, model=folder, **kwargs)
+        assert [r["label"] for r in router(texts, **kwargs)] == [p["picked_agent"] for p in picked]
+        assert [r[0]["label"] for r in router(texts, top_k=None, batch_size=4, **kwargs)] == [
+            p["picked_agent"] for p in picked
+        ]
+        flagged = [p["out_of_distribution"] for p in picked]
+        assert any(flagged) and not all(flagged)
+        assert all(p["picked_agent"] == FALLBACKS.get(point, "frontier_c") for p in picked if p["out_of_distribution"])
+        args = ["route", "--model", folder, "--json", *texts] + ([] if point is None else ["--operating-point", point])
+        result = run_tool(*args)
+        assert result.returncode == 0, result.stderr
+        assert [json.loads(line)["picked_agent"] for line in result.stdout.splitlines()] == [
+            p["picked_agent"] for p in picked
+        ]
+    # a formatted prompt and its plain question are one query to this router
+    assert picked[:5] == picked[5:10]
+    with pytest.raises(ValueError, match="'cheap' is not one of this router's"):
+        router(texts[0], operating_point="cheap")
+
+
+def test_a_router_without_rules_embeds_the_wrapper_as_the_reference_does(converted, references):
+    model = AutoModel.from_pretrained(converted[0][0], trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(converted[0][0])
+    texts = [WRAP.format(QUERIES[0]), QUERIES[0]]
+    expected = references[0].logits(references[0].embed(texts))
+    router = pipeline("text-classification", model=str(converted[0][0]), trust_remote_code=True)
+    assert [r["label"] for r in router(texts)] == [AGENTS[i] for i in expected.argmax(axis=1)]
+    assert np.abs(package_logits(model, tokenizer, texts) - expected).max() <= TOL
+    assert not np.allclose(expected[0], expected[1])  # the wrapper is part of what this router embeds
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"operating_point": "cheap"}, "'cheap' is not one of this router's"),
+        ({"operating_point": 5}, "5 is not one of this router's"),
+        ({"operating_point": ["quality"]}, r"\['quality'\] is not one of this router's"),
+    ],
+)
+def test_a_bad_operating_point_fails_when_the_router_loads(decision_router, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AutoModel.from_pretrained(decision_router, trust_remote_code=True, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        pipeline("text-classification", model=str(decision_router), trust_remote_code=True, model_kwargs=kwargs)
+
+
+def test_a_single_head_router_refuses_an_operating_point_at_load(converted):
+    with pytest.raises(ValueError, match="single head and no operating points"):
+        AutoModel.from_pretrained(converted[0][0], trust_remote_code=True, operating_point="quality")

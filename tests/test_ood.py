@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchgen_router import ood, routing
+from benchgen_router import forms, ood, routing
 from benchgen_router.convert import convert_release as convert_release_api
 from benchgen_router.errors import UsageError
 from benchgen_router.files import read_jsonl
@@ -52,6 +52,8 @@ PLAIN_GROUPS = (
     "chit_chat",
     "everyday_writing_planning",
 )
+# Near the pilot's domains: writing, code and chit-chat on its subjects, its questions in other languages.
+NEAR_GROUPS = ("writing_near_domain", "code_near_domain", "chit_chat_near_domain", "foreign_plain", "foreign_wrapped")
 # Phrased like benchmark items (reported, no target); the first two wear the pilot's answer-format lines.
 HARD_GROUPS = ("benchmark_style_templated", "foreign_templated", "benchmark_style_plain")
 KEEP = ood.DEFAULT_KEEP_SHARE
@@ -194,6 +196,69 @@ def test_torch_snippet_matches_numpy(synthetic):
     assert (flag.numpy() == guard.flags(queries))[~near].all()
 
 
+def test_stored_threshold_is_the_float32_at_or_above_the_value():
+    for value in (588.4775390625, 588.47754, 3.0756759, -2.5e-3, 1.0 / 3.0):
+        stored = ood.stored_threshold(value)
+        assert stored >= value and float(np.float32(stored)) == stored
+        assert float(np.nextafter(np.float32(stored), np.float32(-np.inf))) < value
+
+
+# ---------------------------------------------------------------------------------------------
+# The discriminative guard: inside against outside, on the embedding and its distance
+
+
+@pytest.fixture(scope="module")
+def discriminative(synthetic):
+    inside, outside = synthetic["draw"](600, 1), np.concatenate([synthetic["far"][:200], synthetic["subtle"][:200]])
+    calibration = {"prompts": (synthetic["draw"](300, 2), 0.95), "questions": (synthetic["draw"](120, 5), 0.8)}
+    return ood.fit_discriminative_guard(inside, outside, calibration), calibration
+
+
+def test_discriminative_guard_flags_what_it_was_shown_and_keeps_each_calibration_set(synthetic, discriminative):
+    guard, calibration = discriminative
+    assert guard.discriminative and guard.metadata["n_outside"] == "400"
+    fresh = synthetic["draw"](3000, 3)
+    assert guard.flags(synthetic["far"][200:]).mean() == 1.0 and guard.flags(synthetic["subtle"][200:]).mean() >= 0.95
+    assert 1.0 - guard.flags(fresh).mean() >= 0.90
+    for name, (rows, share) in calibration.items():  # the largest threshold keeps each set's share, at least
+        kept = int((~guard.flags(rows)).sum())
+        assert kept >= math.ceil((len(rows) + 1) * share), name
+    assert float(np.float32(guard.threshold)) == guard.threshold
+
+
+def test_discriminative_guard_round_trips_and_matches_the_torch_score(tmp_path, synthetic, discriminative):
+    guard, _ = discriminative
+    path = ood.save_guard(tmp_path / "guard.safetensors", guard)
+    loaded = ood.load_guard(path, embedding_dim=synthetic["dim"])
+    assert loaded.discriminative and loaded.distance_weight == guard.distance_weight and loaded.bias == guard.bias
+    queries = np.concatenate([synthetic["draw"](200, 9), synthetic["far"]])
+    assert np.array_equal(loaded.flags(queries), guard.flags(queries))
+    # the model's computation (modeling_router.RouterModel.ood_scores) on the stored float32 tensors
+    t = {key: torch.from_numpy(value) for key, value in guard.tensors().items()}
+    unit = torch.nn.functional.normalize(torch.from_numpy(queries).float(), dim=-1)
+    diff = unit - t["ood_mean"]
+    score = unit @ t["ood_weight"] + t["ood_distance_weight"] * ((diff @ t["ood_precision"]) * diff).sum(-1)
+    score = score + t["ood_bias"]
+    assert np.abs(score.numpy() - guard.scores(queries)).max() <= 1e-3
+
+
+def test_logistic_regression_separates_and_needs_both_classes():
+    rng = np.random.default_rng(0)
+    rows = np.vstack([rng.normal(-1, 0.5, (80, 3)), rng.normal(1, 0.5, (20, 3))])
+    outside = np.r_[np.zeros(80), np.ones(20)].astype(bool)
+    weights, bias = ood.logistic_regression(rows, outside, l2=0.1)
+    assert (((rows @ weights + bias) > 0) == outside).mean() >= 0.97
+    with pytest.raises(UsageError, match="needs both in-distribution and outside"):
+        ood.logistic_regression(rows, np.zeros(100, dtype=bool), l2=0.1)
+
+
+def test_utility_fallback_takes_the_best_utility_then_the_cheaper_agent():
+    utility = np.array([[0.9, 0.8, 0.9], [0.7, 0.8, 0.7]])  # mean 0.8 for all three
+    cost = np.array([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0]])
+    assert ood.utility_fallback(utility, cost) == 2
+    assert ood.utility_fallback(utility + np.array([0.0, 0.01, 0.0]), cost) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Storage
 
@@ -257,6 +322,11 @@ def _non_positive_definite(precision: np.ndarray) -> np.ndarray:
         ("asymmetric", lambda t: {**t, "ood_precision": np.triu(t["ood_precision"])}, "not symmetric"),
         ("integer", lambda t: {**t, "ood_mean": np.ones(24, np.int32)}, "not floating point"),
         ("missing key", lambda t: {k: v for k, v in t.items() if k != "ood_threshold"}, "missing"),
+        ("huge mean", lambda t: {**t, "ood_mean": np.full(24, 1e300)}, "NaN or infinite values in float32"),
+        ("huge threshold", lambda t: {**t, "ood_threshold": np.asarray(1e300)}, "NaN or infinite values in float32"),
+        ("zero threshold", lambda t: {**t, "ood_threshold": np.asarray(0.0, np.float32)}, "must be positive"),
+        ("negative threshold", lambda t: {**t, "ood_threshold": np.asarray(-5.0, np.float32)}, "must be positive"),
+        ("half a linear part", lambda t: {**t, "ood_weight": np.ones(24, np.float32)}, "missing"),
         ("extra key", lambda t: {**t, "ood_reference": np.ones((3, 24), np.float32)}, "unexpected"),
     ],
 )
@@ -298,14 +368,14 @@ def test_bad_files_of_other_kinds_are_refused(tmp_path, good_tensors):
 
 def test_content_span_removes_only_the_known_wrapper():
     question = "Which spice gives paella its yellow colour?"
-    for paragraph in ood.ANSWER_FORMAT_PARAGRAPHS:
-        for label in ood.QUERY_LABELS:
+    for paragraph in forms.INSTRUCTIONS:
+        for label in forms.LABELS:
             wrapped = f"{label}{question}\n\n{paragraph}\n"
             start, end = ood.content_span(wrapped)
             assert wrapped[start:end] == question
     own_paragraphs = "Plan my week.\n\nGive the final answer in the form of a table."
     assert ood.content_span(own_paragraphs) == (0, len(own_paragraphs))  # not a known paragraph: kept
-    same_line = f"{question} {ood.ANSWER_FORMAT_PARAGRAPHS[1]}"  # no blank line before it: not the wrapper
+    same_line = f"{question} {forms.INSTRUCTIONS[1]}"  # no blank line before it: not the wrapper
     assert ood.content_span(same_line) == (0, len(same_line))
     assert ood.content_span("Question: ") == (0, len("Question:"))  # only a wrapper: nothing is removed
     label_only = "Problem: Find x."
@@ -317,7 +387,7 @@ def test_every_pilot_prompt_has_a_known_wrapper():
     for task in read_jsonl(PILOT / "tasks.v1.jsonl", "tasks"):
         prompt = task["prompt"]
         start, end = ood.content_span(prompt)
-        assert start > 0 and prompt[end:].strip() in ood.ANSWER_FORMAT_PARAGRAPHS, task["task_id"]
+        assert start > 0 and prompt[end:].strip() in forms.INSTRUCTIONS, task["task_id"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,7 +450,7 @@ def test_converted_guard_flags_foreign_queries_and_keeps_held_out_ones(guarded):
     assert float(model.ood_threshold) == pytest.approx(trained.guard.threshold)
     logits, embeddings = run_router(model, tokenizer, IN_QUERIES + FOREIGN)
     assert np.array_equal(logits, guarded["logits"])  # the guard never changes the head's scores
-    scores = routing.ood_scores_of(model, embeddings)
+    scores = routing.route_queries(model, tokenizer, IN_QUERIES + FOREIGN).ood_scores
     assert np.abs(scores - trained.guard.scores(embeddings)).max() <= 1e-4 * scores.max()  # torch == numpy
     flagged = scores > float(model.ood_threshold)
     assert flagged[-len(FOREIGN) :].all()
@@ -405,9 +475,13 @@ def test_flagged_query_goes_to_the_fallback_everywhere(guarded):
     assert picked[1]["out_of_distribution"] is (float(output.ood_scores[1]) > float(model.ood_threshold))
     assert "head_pick" not in picked[1] or picked[1]["out_of_distribution"]
 
-    # the pipeline only sees logits: it returns the head's scores, without the fallback (documented)
+    # the pipeline returns the model's decision, the fallback included, and the head's scores
     router = pipeline("text-classification", model=folder, trust_remote_code=True)
-    assert router(query)[0]["label"] == head_choice
+    assert router(query)[0]["label"] == "open_mid" == AGENTS[int(output.picks[0])]
+    ranked = router(query, top_k=None)
+    assert ranked[0]["label"] == "open_mid" and {entry["label"] for entry in ranked} == set(AGENTS)
+    assert max(ranked[1:], key=lambda entry: entry["score"])["label"] in (head_choice, "open_mid")
+    assert router(kept_query)[0]["label"] == picked[1]["picked_agent"]
 
 
 def test_route_json_returns_the_fallback_for_a_flagged_query(guarded):
@@ -423,9 +497,9 @@ def test_checkpoint_without_statistics_routes_exactly_as_before(guarded):
     assert not any(name.startswith("ood_") for name, _ in model.named_buffers())
     output = model(**tokenizer(FOREIGN, return_tensors="pt", padding=True))
     assert output.ood_scores is None and output.out_of_distribution is None
-    logits, embeddings = run_router(model, tokenizer, IN_QUERIES + FOREIGN)
+    logits, _ = run_router(model, tokenizer, IN_QUERIES + FOREIGN)
     assert np.array_equal(logits, guarded["logits"])
-    results = routing.results_for(model, logits, embeddings)
+    results = routing.results_for(model, routing.route_queries(model, tokenizer, IN_QUERIES + FOREIGN))
     assert results == routing.results_from_logits(logits, AGENTS)
     assert all(set(result) == RESULT_KEYS for result in results)
     alone, _ = run_router(model, tokenizer, FOREIGN)  # batched as pick_agent batches them
@@ -443,8 +517,9 @@ def test_config_switch_turns_a_present_guard_off(guarded):
     _, tokenizer = load_router(str(guarded["guarded"]))
     output = model(**tokenizer(FOREIGN, return_tensors="pt", padding=True))
     assert output.ood_scores is None and output.out_of_distribution is None
-    logits, embeddings = run_router(model, tokenizer, FOREIGN)
-    assert routing.results_for(model, logits, embeddings) == routing.results_from_logits(logits, AGENTS)
+    logits, _ = run_router(model, tokenizer, FOREIGN)
+    results = routing.results_for(model, routing.route_queries(model, tokenizer, FOREIGN))
+    assert results == routing.results_from_logits(logits, AGENTS)
 
 
 def test_saving_and_bundling_keep_the_statistics(guarded, tmp_path, backbone_dir):
@@ -531,7 +606,7 @@ def test_ood_query_set_is_well_formed():
     queries, groups = read_ood_queries()
     assert len(queries) >= 100 and len(set(queries)) == len(queries)
     assert all(isinstance(query, str) and query.strip() for query in queries)
-    assert set(groups) == set(PLAIN_GROUPS) | set(HARD_GROUPS)
+    assert set(groups) == set(PLAIN_GROUPS) | set(NEAR_GROUPS) | set(HARD_GROUPS)
     assert min(groups.count(group) for group in set(groups)) >= 10
 
 

@@ -1,19 +1,11 @@
 """The committed router at the repository root (the Hub model folder): it loads offline with no
-override, its card is the root README, and it routes every pilot prompt exactly as recorded when it
-was trained.
+override, its card is the root README, it routes every pilot prompt exactly as recorded when it was
+trained, in either form, and its guard keeps what users type and flags the rest.
 
 Regenerate it only on purpose (a new head, a new backbone package, a change in the embedding code),
 from the repository root, then review the figures in the card:
 
-    sed -n '/^## About this default router/,/^<!-- end of router card -->/p' README.md | sed '$d' > /tmp/card-note.md
-    benchgen-router train --rewards ../shared/benchgen-pilot/rewards.jsonl \\
-        --tasks ../shared/benchgen-pilot/tasks.v1.jsonl --rewards-id benchgen/router-pilot \\
-        --backbone sentence-transformers/all-MiniLM-L6-v2 --model-id benchgen-router-lite-demo-minilm \\
-        --calls ../shared/benchgen-pilot/rewards.v1-pilot.jsonl --pool ../shared/benchgen-pilot/agents.json \\
-        --generations 20 --ensemble-seeds 42,43,44,45,46 --operating-point quality=0 \\
-        --operating-point balanced=0.2 --operating-point economy=1.5 --operating-point fast=0:0.01 \\
-        --target-eps 0.01 --output-dir /tmp/default-router-run --export . --card-note @/tmp/card-note.md
-    python tests/test_root_router.py --record   # rewrites tests/data/default_router_picks.json
+    bash scripts/regenerate-default-router.sh   # retrains, exports, rewrites tests/data/default_router_picks.json
 """
 
 from __future__ import annotations
@@ -26,20 +18,22 @@ import pytest
 
 from benchgen_router.files import read_jsonl
 from benchgen_router.folder import CARD_END, HUB_FILES
+from benchgen_router.forms import in_form
 from benchgen_router.loading import load_router
 from benchgen_router.model_code import default_router_dir
-from benchgen_router.routing import run_router
+from benchgen_router.routing import route_queries
 from helpers import AGENTS, NO_PILOT, PILOT, PROJECT_ROOT
 
 PICKS_FILE = Path(__file__).resolve().parent / "data" / "default_router_picks.json"
 
 
-def route_pilot_prompts() -> dict[str, str]:
-    """task_id -> agent id picked by the committed router, for every prompt of the pilot task pool."""
+def route_pilot_prompts(form: str = "formatted") -> dict[str, str]:
+    """task_id -> the agent the committed router sends it to (the guard's fallback applied), for every
+    prompt of the pilot task pool in `form` (forms.FORMS)."""
     tasks = read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")
     model, tokenizer = load_router(None)
-    logits, _ = run_router(model, tokenizer, [task["prompt"] for task in tasks], batch_size=32)
-    return {task["task_id"]: model.config.id2label[int(i)] for task, i in zip(tasks, logits.argmax(1), strict=True)}
+    routed = route_queries(model, tokenizer, in_form([task["prompt"] for task in tasks], form), batch_size=32)
+    return {task["task_id"]: model.config.id2label[int(i)] for task, i in zip(tasks, routed.picks, strict=True)}
 
 
 def test_the_root_is_the_router_and_its_readme_is_the_card():
@@ -63,10 +57,11 @@ def test_the_root_is_the_router_and_its_readme_is_the_card():
         assert f"{figure:.4f}" in card
     # the cost-aware default the card claims, and every point's cross-validated figures on it
     points = model.config.operating_points
-    assert model.config.operating_point == training["target_mode"]["chosen"] == "balanced"
+    assert model.config.operating_point == "balanced"
     assert set(points) == {"quality", "balanced", "economy", "fast"}
     for name, point in points.items():
         assert f"{point['cv']['reward']:.4f} ± {point['cv']['reward_std_repeats']:.4f}" in card, name
+        assert f"| `{name}`, plain questions | {point['cv_plain']['reward']:.4f}" in card, name
     assert "benchgen-router route" in docs and "python -m pytest" in docs  # the project's documentation
 
 
@@ -86,6 +81,32 @@ def test_default_router_picks_on_every_pilot_prompt_are_the_recorded_ones():
     picks = route_pilot_prompts()
     changed = {task: (recorded.get(task), pick) for task, pick in picks.items() if recorded.get(task) != pick}
     assert not changed, f"{len(changed)} of {len(picks)} picks changed, e.g. {list(changed.items())[:3]}"
+    plain = route_pilot_prompts("plain")  # the same questions without their label and instruction
+    assert plain == picks
+
+
+@pytest.mark.skipif(not (PILOT / "tasks.v1.jsonl").exists(), reason=NO_PILOT)
+def test_the_guard_keeps_what_users_type_and_flags_the_rest():
+    """The committed router on sets it was never fitted on: plain in-domain questions kept >= 90%,
+    pilot prompts kept >= 95% in either form, OOD queries flagged >= 90% (the groups with a target:
+    all but the benchmark-style questions on general topics), and each point's fallback answers."""
+    from benchgen_router import ood
+
+    model, tokenizer = load_router(None)
+    questions, _ = ood.read_ood_queries(ood.PACKAGED_PLAIN_QUERIES, "plain query set")
+    assert len(questions) >= 150
+    assert route_queries(model, tokenizer, questions).out_of_distribution.mean() <= 0.10
+    prompts = [task["prompt"] for task in read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")]
+    for form in ("formatted", "plain"):
+        assert route_queries(model, tokenizer, in_form(prompts, form)).out_of_distribution.mean() <= 0.05, form
+    queries, groups = ood.read_ood_queries()
+    target = [group not in ("benchmark_style_templated", "benchmark_style_plain") for group in groups]
+    outside = [query for query, keep in zip(queries, target, strict=True) if keep]
+    flagged = route_queries(model, tokenizer, outside, operating_points="economy")
+    assert flagged.out_of_distribution.mean() >= 0.90
+    assert {AGENTS[i] for i in flagged.picks[flagged.out_of_distribution]} == {"open_cheap_reasoning"}
+    seed_example = route_queries(model, tokenizer, ["What is the derivative of x^3 + 2x?"])
+    assert not seed_example.out_of_distribution[0]
 
 
 if __name__ == "__main__":

@@ -275,13 +275,14 @@ def cost_frontier(
         for form, point in picks_at
         if point in settings
     }
-    policies = {_point_name(point, form): picks for (form, point), picks in picks_at.items()}
-    result = fr.evaluate_policies(costs, policies, weights)
+    formatted = {_point_name(point): picks for (form, point), picks in picks_at.items() if form == "formatted"}
+    other = {_point_name(point, form): picks for (form, point), picks in picks_at.items() if form != "formatted"}
+    result = fr.evaluate_policies(costs, formatted, weights, other)
     where = f"{args.model or 'the default router'} on {result.rows} rows" + (
         f" of split '{args.split}'" if args.split else ""
     )
     title = f"cost and latency of {where}; reference: {result.reference}\n{IN_SAMPLE_NOTE}"
-    print(fr.format_frontier(result, kinds=("router", "fixed", "random", "oracle"), title=title))
+    print(fr.format_frontier(result, kinds=("router", "router_form", "fixed", "random", "oracle"), title=title))
     for note in costs.notes:
         print(f"note: {note}")
     if args.plot is not None:
