@@ -378,14 +378,24 @@ class RouterModel(PreTrainedModel):
             hidden_states = output.hidden_states
         logits = self._head_logits(embeddings, names, heads)
         loss = None if labels is None else nn.functional.cross_entropy(logits, labels.to(logits.device).view(-1))
-        result = RouterOutput(loss=loss, logits=logits, embeddings=embeddings, hidden_states=hidden_states)
-        result.picks = logits.argmax(dim=-1)  # first on ties, as the reference's np.argmax
+        picks = logits.argmax(dim=-1)  # first on ties, as the reference's np.argmax
+        scores = flags = None
         if self.guards_queries:
-            result.ood_scores = self.ood_scores(embeddings)
-            result.out_of_distribution = result.ood_scores > self.ood_threshold.float()
+            scores = self.ood_scores(embeddings)
+            flags = scores > self.ood_threshold.float()
             fallbacks = {name: self.config.label2id[self.config.fallback_agent(name)] for name in heads}
-            fallback = torch.tensor([fallbacks[name] for name in names], device=result.picks.device)
-            result.picks = torch.where(result.out_of_distribution.to(result.picks.device), fallback, result.picks)
+            fallback = torch.tensor([fallbacks[name] for name in names], device=picks.device)
+            picks = torch.where(flags.to(picks.device), fallback, picks)
+        # Every field at construction: a ModelOutput only lists (and pipelines only see) those given then.
+        result = RouterOutput(
+            loss=loss,
+            logits=logits,
+            embeddings=embeddings,
+            hidden_states=hidden_states,
+            ood_scores=scores,
+            out_of_distribution=flags,
+            picks=picks,
+        )
         use_dict = self.config.return_dict if return_dict is None else return_dict
         return result if use_dict else result.to_tuple()
 

@@ -265,6 +265,16 @@ def value_section(config: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fit_row(record: dict[str, Any]) -> str:
+    """The card row of what the guard was fitted and calibrated on."""
+    fit, held = _text(record.get("n_fit")), _text(record.get("n_calibration"))
+    if "n_outside" not in record:
+        return f"| prompts (fit / calibration) | {fit} / {held} |"
+    outside = _text(record.get("n_outside"))
+    label = "texts fitted (prompt views, typed questions) / outside queries / prompts held out"
+    return f"| {label} | {fit} / {outside} / {held} |"
+
+
 def guard_section(config: Any) -> str:
     """The card's section on the out-of-distribution guard (empty for a router without one), from
     config.ood_calibration: the calibration and, when the trainer measured it, the OOD query set."""
@@ -302,7 +312,7 @@ def guard_section(config: Any) -> str:
         + " |",
         *(f"| fallback at `{name}` | `{agent}` |" for name, agent in fallbacks.items()),
         f"| keep share targeted | {_text(record.get('keep_share'))} |",
-        f"| prompts (fit / calibration) | {_text(record.get('n_fit'))} / {_text(record.get('n_calibration'))} |",
+        fit_row(record),
         f"| calibration prompts kept | {_number(record.get('calibration_kept_share'))} |",
     ]
     for key, label in (

@@ -100,9 +100,12 @@ def test_missing_from_cache_offline_is_a_clear_error(hub, tmp_path):
 
 
 def test_pipeline_from_hub_id_in_default_cache(hub, monkeypatch):
+    import transformers.utils.hub
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub["cache"]))
+    # transformers 4.x reads its default cache once, at import: the pipeline's code lookup uses that copy
+    monkeypatch.setattr(transformers.utils.hub, "TRANSFORMERS_CACHE", str(hub["cache"]), raising=False)
     router = pipeline(
         "text-classification", model="acme/router", trust_remote_code=True, model_kwargs={"cache_dir": hub["cache"]}
     )

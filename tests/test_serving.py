@@ -448,6 +448,31 @@ def test_a_flagged_query_gets_the_fallback_from_the_service_too(service):
     assert result["head_pick"] == expected["head_pick"] and abs(result["ood_score"] - expected["ood_score"]) < 1e-3
 
 
+def test_the_service_and_the_hub_pipeline_give_one_decision(service):
+    """Flagged and kept queries, formatted and plain, at the default point and at one whose fallback
+    differs: the service, pick_agent and pipeline() with nothing but transformers agree."""
+    from transformers import pipeline
+
+    queries = [
+        "What is the derivative of x^3 + 2x?",
+        "Question: What does GDP measure?\n\nGive the final answer in the form `Answer: <answer>` on the last "
+        "line. Answer as briefly as the question allows.",
+        "What does GDP measure?",
+        "Türkiye'nin başkenti neresidir ve nüfusu ne kadardır?",
+        "hey, how's it going?",
+    ]
+    router = pipeline("text-classification", model=str(PROJECT_ROOT), trust_remote_code=True)
+    for point in ("balanced", "economy"):
+        expected = pick_agent(queries, operating_point=point)
+        assert {r["out_of_distribution"] for r in expected} == {True, False}
+        status, body = route(service, queries, operating_point=point)
+        assert status == 200
+        served = [r["picked_agent"] for r in body["results"]]
+        assert served == [r["picked_agent"] for r in expected]
+        assert [r["label"] for r in router(queries, operating_point=point)] == served
+        assert served[1] == served[2]  # a formatted prompt and its plain question
+
+
 # ---------------------------------------------------------------------------------------------
 # Bulk routing with Ray Data
 

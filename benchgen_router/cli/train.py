@@ -16,11 +16,18 @@ the held-out evaluation (router vs best fixed agent, uniform random, per-questio
 of the routing headroom captured, picks per agent) and a k-fold cross-validated estimate over all
 labelled rows, and stores both in the manifest.
 
+Query forms: prompts are canonicalised before embedding (--query-format pilot, the default: the
+pilot's labels and answer-format instructions are dropped, and the exported router's config records
+the rules so that every entry point applies them); --query-format none embeds them as given.
+
 Out-of-distribution guard (skip it with --no-ood-guard): every prompt of --tasks, labelled or not,
-is embedded the same way; the guard's statistics are fitted on a seeded 70% of them and its
-threshold calibrated on the other 30% to keep --ood-keep-share of in-distribution queries. Flagged
-queries go to the fallback agent, the best fixed agent on the training rows. The statistics are
-written as ood_guard.safetensors next to head_weights.npy and the settings recorded in the manifest
+is embedded the same way. The default discriminative guard is fitted on a seeded 70% of them (in
+three views), half the --ood-inside questions and every --ood-outside query, and its threshold
+calibrated to keep --ood-keep-share of the other 30% of prompts and --ood-plain-keep-share of the
+other half of the questions; --ood-method mahalanobis fits the distance alone on the prompts.
+Flagged queries go to the fallback agent: the best fixed agent on the training rows, or with
+--calls the agent of highest utility at each operating point. The statistics are written as
+ood_guard.safetensors next to head_weights.npy and the settings recorded in the manifest
 (`ood_guard`), with the guard's AUROC and flagged shares on --ood-queries when that file exists.
 
 Held-out rule: rows whose split equals --test-split are held out. If no row has that split and it
@@ -830,10 +837,13 @@ def fit_task_guard(
 
 def format_guard(record: dict[str, Any]) -> str:
     """The guard's calibration (and its measurement on the OOD set) as printed lines."""
+    fitted = (
+        "in-distribution texts (task prompt views and typed questions)" if "n_outside" in record else "task prompts"
+    )
     lines = [
         f"out-of-distribution guard: threshold {record['threshold']:.4f}, fallback {record['fallback_agent']}; "
-        f"fitted on {record['n_fit']} task prompts, calibrated on {record['n_calibration']} held out: "
-        f"keeps {record['calibration_kept_share']:.3f} of them (target {record['keep_share']})"
+        f"fitted on {record['n_fit']} {fitted}; of {record['n_calibration']} task prompts held out it "
+        f"keeps {record['calibration_kept_share']:.3f} (target {record['keep_share']})"
     ]
     if "plain_calibration_kept_share" in record:
         lines.append(
