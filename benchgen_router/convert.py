@@ -186,6 +186,17 @@ def release_guard(
     }
 
 
+def check_not_backbone_folder(output_dir: Path, backbone: str) -> None:
+    """Refuse to write a router over its own backbone's files (its config.json and model.safetensors
+    would be replaced by the router's), whatever --overwrite says."""
+    folder = Path(backbone)
+    if folder.is_dir() and output_dir.is_dir() and os.path.samefile(folder, output_dir):
+        raise UsageError(
+            f"output folder {output_dir} is the backbone's folder ({backbone}); writing the router there would "
+            "replace the backbone's own config.json and weights: pass another --output-dir."
+        )
+
+
 def convert_release(
     manifest_path: Path,
     weights_path: Path,
@@ -217,6 +228,11 @@ def convert_release(
     state = head_state(manifest, theta, Path(weights_path), operating_heads)
     guard, guard_settings = None, {}
     stats_file = guard_statistics_file(weights_path, ood_stats) if ood_guard else None
+    if ood_fallback_agent is not None and stats_file is None:
+        raise UsageError(
+            "a fallback agent was named but the release has no out-of-distribution guard to use it: "
+            f"pass --ood-stats FILE{' without --no-ood-guard' if not ood_guard else ''}, or drop --ood-fallback-agent."
+        )
     if stats_file is not None:
         guard, guard_settings = release_guard(manifest, stats_file, ood_fallback_agent)
     check_output_folder(Path(output_dir), overwrite)
@@ -225,6 +241,7 @@ def convert_release(
 
     recorded = recorded_backbone(manifest, backbone, backbone_id)
     source = backbone or recorded
+    check_not_backbone_folder(Path(output_dir), source)
     same_id = recorded == manifest.get("backbone_model")
     revision = backbone_revision or (manifest.get("backbone_revision") if same_id else None)
     backbone_config = load_backbone_config(source, revision)

@@ -134,8 +134,8 @@ def utility_matrix(
     costs and finds the bit-identical head for the same seed.
     """
     for name, weight in (("cost weight", cost_weight), ("latency weight", latency_weight)):
-        if not isinstance(weight, int | float) or isinstance(weight, bool) or not math.isfinite(weight) or weight < 0:
-            raise UsageError(f"{name} {weight!r} must be a finite number >= 0 (0 ignores it).")
+        if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 <= weight <= MAX_WEIGHT:
+            raise UsageError(f"{name} {weight!r} must be a number from 0 to {MAX_WEIGHT:g} (0 ignores it).")
     if cost_weight == 0 and latency_weight == 0:
         return rewards
     return rewards - cost_weight * cost_per_1k - latency_weight * latency_s
@@ -152,6 +152,12 @@ def cheapest_of_best(rewards: np.ndarray, cost: np.ndarray) -> np.ndarray:
 
 
 POOL_PRICE_FIELDS = ("price_per_1m_prompt_usd", "price_per_1m_output_usd")
+# Bounds on what is read, far beyond any real figure: past them, sums and weighted utilities would
+# overflow to inf and NaN long after the input that caused it.
+MAX_CALL_COST_USD = 1e4
+MAX_LATENCY_MS = 86_400_000.0
+MAX_PRICE_PER_1M_USD = 1e6
+MAX_WEIGHT = 1e6
 
 
 def read_pool_rows(path: str | os.PathLike) -> Any:
@@ -195,8 +201,11 @@ def pool_agents(rows: Any, source: str = "pool file", prices_required: bool = Fa
             if value is None and not prices_required:
                 prices[key] = None
                 continue
-            if not _is_number(value) or not math.isfinite(value) or value < 0:
-                raise UsageError(f"{source} agent '{agent}' has {key} {value!r}; prices must be numbers >= 0.")
+            if not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_PRICE_PER_1M_USD:
+                raise UsageError(
+                    f"{source} agent '{agent}' has {key} {value!r}; prices must be numbers from 0 to "
+                    f"{MAX_PRICE_PER_1M_USD:g} USD per 1M tokens."
+                )
             prices[key] = value
         slug = row.get("slug")
         if slug is not None and not isinstance(slug, str):
@@ -298,13 +307,19 @@ def _aggregate_task(
                 )
             cost = prices[agent].cost_usd(prompt_tokens, completion_tokens)
             counters["estimated"] += 1
-        elif not _is_number(cost) or not math.isfinite(cost) or cost < 0:
-            raise UsageError(f"{where} ({agent}) has cost_usd {cost!r}; a billed cost must be a number >= 0.")
+        elif not _is_number(cost) or not math.isfinite(cost) or not 0 <= cost <= MAX_CALL_COST_USD:
+            raise UsageError(
+                f"{where} ({agent}) has cost_usd {cost!r}; a billed cost must be a number from 0 to "
+                f"{MAX_CALL_COST_USD:g} USD per call."
+            )
         elif cost == 0:
             counters["zero"] += 1
         latency = call.get("latency_ms")
-        if not _is_number(latency) or not math.isfinite(latency) or latency < 0:
-            raise UsageError(f"{where} ({agent}) has latency_ms {latency!r}; latency must be a number >= 0.")
+        if not _is_number(latency) or not math.isfinite(latency) or not 0 <= latency <= MAX_LATENCY_MS:
+            raise UsageError(
+                f"{where} ({agent}) has latency_ms {latency!r}; latency must be a number from 0 to "
+                f"{MAX_LATENCY_MS:g} ms (a day)."
+            )
         correct = call.get("correct")
         if isinstance(correct, bool):
             result.correct_sum[j] += correct

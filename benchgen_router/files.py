@@ -182,9 +182,12 @@ class Output:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
-    """A handle whose content replaces `path` only if the block finishes (see Output)."""
-    with Output(path, binary="b" in mode) as handle:
+def atomic_output(
+    path: str | os.PathLike, mode: str = "w", inputs: Iterable[str | os.PathLike] = ()
+) -> Iterator[IO[Any]]:
+    """A handle whose content replaces `path` only if the block finishes (see Output); `path` may not
+    be one of `inputs` (also through links)."""
+    with Output(path, inputs, binary="b" in mode) as handle:
         yield handle
 
 
@@ -195,12 +198,13 @@ def check_output_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLik
 
 
 @contextlib.contextmanager
-def staging_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
+def staging_dir(final_dir: str | os.PathLike, owned: Iterable[str] = ()) -> Iterator[Path]:
     """A temporary folder beside final_dir; on success its files are moved into final_dir.
 
     On any error the temporary folder is removed and final_dir is left as it was, so a failed run
     never leaves half-written output. Files of final_dir that the staging folder does not hold are
-    kept.
+    kept, except those named in `owned`: files this writer makes, which a run that did not make
+    them must not leave behind from an earlier one.
     """
     final = Path(final_dir)
     if final.exists() and not final.is_dir():
@@ -213,6 +217,9 @@ def staging_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
     try:
         yield Path(tmp)
         final.mkdir(parents=True, exist_ok=True)
+        for name in owned:
+            if not (Path(tmp) / name).exists() and (final / name).is_file():
+                (final / name).unlink()
         for source in sorted(Path(tmp).rglob("*")):
             if source.is_file():
                 target = final / source.relative_to(tmp)

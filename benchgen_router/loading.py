@@ -17,10 +17,19 @@ from benchgen_router.model_code import default_router_dir
 logger = logging.getLogger("benchgen_router")
 
 
+def check_router_source(model: str) -> None:
+    """One line for a router given as a path that does not exist (a Hub id is 'name' or 'owner/name';
+    anything else can only be a folder)."""
+    path_like = model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model
+    if path_like and not Path(model).expanduser().is_dir():
+        raise UsageError(f"router folder not found: {model}; pass a converted router folder or a Hub id.")
+
+
 def declared_config(model: str, revision: str | None) -> dict[str, Any]:
     """The router's config.json, read before any of its code runs; what to do when there is none."""
     from transformers.utils import cached_file
 
+    check_router_source(model)
     folder = Path(model)
     if folder.is_dir() and not (folder / "config.json").is_file():
         if (folder / "manifest.json").is_file() or (folder / "head_weights.npy").is_file():

@@ -820,6 +820,11 @@ def guard_statistics_file(weights_path: str | Path, explicit: str | Path | None 
 
 def check_fallback_agent(agent: object, agents: Sequence[str], source: str) -> str:
     """The fallback agent if it is one of the pool's `agents`; one UsageError line otherwise."""
+    if agent is None:
+        raise UsageError(
+            f"OOD statistics {source} name no fallback agent (an .npz has no metadata): name the agent that "
+            "answers flagged queries with --ood-fallback-agent AGENT."
+        )
     if agent not in agents:
         raise UsageError(
             f"OOD statistics {source}: fallback agent {agent!r} is not in agent_order {list(agents)}; "

@@ -153,6 +153,15 @@ def route_queries(
             raise ValueError(f"{len(points)} operating points for {len(texts)} queries; give one per query.")
     resolved = {point: model.config.check_operating_point(point) for point in dict.fromkeys(points)}
     points = [resolved[point] for point in points]
+    count = len(texts)
+    logits = np.zeros((count, len(model.config.id2label)), dtype=np.float32)
+    embeddings = np.zeros((count, model.config.embedding_dim), dtype=np.float32)
+    picks = np.zeros(count, dtype=np.int64)
+    guarded = bool(getattr(model, "guards_queries", False))
+    scores = np.zeros(count, dtype=np.float32) if guarded else None
+    flags = np.zeros(count, dtype=bool) if guarded else None
+    if not count:  # e.g. a bulk batch with nothing routable left: tokenizers refuse an empty list
+        return Routed(logits, embeddings, picks, scores, flags, points)
     canonical = [model.config.canonical_query(text) for text in texts]
     encoded = tokenizer(canonical, truncation=True, max_length=model.config.truncation_length)
     lengths = [len(ids) for ids in encoded["input_ids"]]
@@ -162,13 +171,6 @@ def route_queries(
     weight = next(model.backbone.parameters())
     budget = max_batch_tokens or default_batch_tokens(weight.device, weight.dtype)
     packing = sys.modules[type(model).__module__]
-    count = len(texts)
-    logits = np.zeros((count, len(model.config.id2label)), dtype=np.float32)
-    embeddings = np.zeros((count, model.config.embedding_dim), dtype=np.float32)
-    picks = np.zeros(count, dtype=np.int64)
-    guarded = bool(getattr(model, "guards_queries", False))
-    scores = np.zeros(count, dtype=np.float32) if guarded else None
-    flags = np.zeros(count, dtype=bool) if guarded else None
     with torch.inference_mode(), tqdm(total=count, desc=desc, unit="q", disable=not progress) as bar:
         for rows in plan_batches(lengths, model.packs_queries, batch_size, budget, packing):
             batch_points = [points[i] for i in rows]

@@ -954,7 +954,7 @@ def route_file_with_ray(
     picks: Counter = Counter()
     skipped: list[tuple[int, str]] = []
     parquet = bulk_format(source, fmt) == "parquet"
-    with atomic_output(output) as handle:  # refuses a bad output path before any work
+    with atomic_output(output, inputs=[input]) as handle:  # refuses a bad output path before any work
         rows: list[dict[str, Any]] = []
         ids: dict[int, Any] = {}  # kept here: ids of mixed types do not fit one Arrow column
         if parquet:

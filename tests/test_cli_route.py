@@ -464,6 +464,8 @@ def test_a_line_that_tokenizes_to_nothing_is_skipped_and_the_rest_routed(tmp_pat
     assert any("line 2: query tokenizes to nothing" in message for message in caplog.messages)
     assert cli("route", bad) == 2
     assert "tokenizes to nothing" in capsys.readouterr().err
+    assert cli("route", bad, "Name a prime.", bad) == 2
+    assert "error: query 1, 3 tokenizes to nothing" in capsys.readouterr().err  # numbered as files are
 
 
 def test_results_stream_out_before_the_whole_file_is_routed(converted, tmp_path):

@@ -569,8 +569,40 @@ def test_bad_cost_options_stop_with_one_line(extra, expected, tmp_path, backbone
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("value", ["cheap", "=1", "a=x", "a=1,2", "1a=1"])
-def test_a_malformed_operating_point_is_an_argparse_error(value, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("cheap", "NAME=COST[:LATENCY]"),
+        ("=1", "NAME=COST[:LATENCY]"),
+        ("a=x", "must be one number or a cost:latency pair"),
+        ("a=1,2", "names more than one trade-off"),
+        ("1a=1", "NAME=COST[:LATENCY]"),
+        ("a=1e308", "must be one number or a cost:latency pair"),
+        ("a=0:1e308", "must be one number or a cost:latency pair"),
+    ],
+)
+def test_a_malformed_operating_point_is_an_argparse_error(value, words, tmp_path, capsys):
     assert cli("train", "--operating-point", value) == 2
     err = capsys.readouterr().err
-    assert "argument --operating-point" in err and ("NAME=COST[:LATENCY]" in err or "trade-off" in err)
+    assert "argument --operating-point" in err and words in err and "'0,0.5,1'" not in err
+
+
+def test_a_run_into_an_earlier_runs_folder_leaves_none_of_its_files(tmp_path, backbone_dir):
+    """--no-ood-guard into a folder where an earlier run left a guard, heads and plots: they are
+    removed, so the export carries no stale guard; files of the user's own are kept."""
+    rewards, tasks = synthetic_rows(20, seed=3)
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = ("ood_guard.safetensors", "operating_heads.safetensors", "frontier-cost.png", "frontier-latency.png")
+    for name in (*stale, "notes.txt"):
+        (out / name).write_text("an earlier run's file")
+    args = [
+        "--rewards", write_jsonl(tmp_path / "r.jsonl", rewards), "--tasks", write_jsonl(tmp_path / "t.jsonl", tasks),
+        "--backbone", backbone_dir, "--generations", "2", "--cv-folds", "0", "--no-ood-guard", "--no-progress",
+        "--output-dir", out, "--export", tmp_path / "router",
+    ]  # fmt: skip
+    result = run_tool("train", *args)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["head_weights.npy", "manifest.json", "notes.txt"]
+    config = json.loads((tmp_path / "router" / "config.json").read_text())
+    assert config["ood_threshold"] is None and "ood_guard" not in json.loads((out / "manifest.json").read_text())

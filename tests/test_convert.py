@@ -13,9 +13,12 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoConfig, pipeline
 
+from benchgen_router.convert import convert_release as convert_release_api
+from benchgen_router.errors import UsageError
 from helpers import (
     AGENTS,
     build_backbone,
+    cli,
     convert_release,
     make_queries,
     run_tool,
@@ -444,3 +447,18 @@ def test_card_note_is_appended_to_the_card_and_a_missing_note_file_is_one_line(t
         "error: cannot read --card-note file /no/note.md (No such file or directory)."
     ]
     assert not (tmp_path / "other").exists()
+
+
+def test_the_backbones_own_folder_is_never_written_over(tmp_path, tokenizer_dir):
+    backbone = build_backbone(tmp_path / "backbone", tokenizer_dir)
+    manifest, weights = write_release(tmp_path / "release", 32, backbone=str(backbone))
+    before = {p.name: p.read_bytes() for p in backbone.iterdir() if p.is_file()}
+    for extra in ([], ["--overwrite"]):
+        code = cli(
+            "convert", "--manifest", manifest, "--weights", weights, "--output-dir", backbone, "--backbone", backbone,
+            *extra,
+        )  # fmt: skip
+        assert code == 2
+    assert {p.name: p.read_bytes() for p in backbone.iterdir() if p.is_file()} == before
+    with pytest.raises(UsageError, match="is the backbone's folder"):
+        convert_release_api(manifest, weights, backbone, overwrite=True)  # the manifest names it

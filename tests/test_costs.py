@@ -162,13 +162,18 @@ def _edit(change) -> list[dict]:
     [
         (
             lambda r: r[0]["calls"][1].update(cost_usd=-0.001),
-            "has cost_usd -0.001; a billed cost must be a number >= 0",
+            "has cost_usd -0.001; a billed cost must be a number from 0 to 10000 USD per call",
         ),
         (lambda r: r[0]["calls"][1].update(cost_usd=math.nan), "has cost_usd nan"),
         (lambda r: r[0]["calls"][1].update(cost_usd="0.1"), "has cost_usd '0.1'"),
         (lambda r: r[0]["calls"][1].pop("cost_usd"), "has no cost_usd; pass the pool file"),
         (lambda r: r[0]["calls"][1].update(cost_usd=None), "has no cost_usd; pass the pool file"),
-        (lambda r: r[1]["calls"][0].update(latency_ms=-5), "has latency_ms -5; latency must be a number >= 0"),
+        (
+            lambda r: r[0]["calls"][1].update(cost_usd=1e308),
+            "has cost_usd 1e\\+308; a billed cost must be a number from 0",
+        ),
+        (lambda r: r[1]["calls"][0].update(latency_ms=-5), "has latency_ms -5; latency must be a number from 0"),
+        (lambda r: r[1]["calls"][0].update(latency_ms=1e300), "has latency_ms 1e\\+300"),
         (lambda r: r[1]["calls"][0].pop("latency_ms"), "has latency_ms None"),
         (lambda r: r[1]["calls"][0].update(agent="stranger"), "is by agent 'stranger', which is not in agent_order"),
         (lambda r: r[1]["calls"].__delitem__(slice(2, 4)), r"has no calls by \['small'\]"),
@@ -204,6 +209,7 @@ def test_a_missing_cost_without_token_counts_cannot_be_estimated():
         ),
         ([POOL[0], POOL[0]], "lists agent 'big' twice"),
         ([POOL[0], {**POOL[1], "price_per_1m_output_usd": -1}], "has price_per_1m_output_usd -1; prices must be"),
+        ([POOL[0], {**POOL[1], "price_per_1m_output_usd": 1e308}], "prices must be numbers from 0 to 1e\\+06"),
         ([POOL[0], {**POOL[1], "price_per_1m_prompt_usd": None}], "has price_per_1m_prompt_usd None"),
         ([POOL[0], {"price_per_1m_prompt_usd": 1}], "entry 2 has no agent_id"),
         ({"big": 1}, "must be a JSON list of agent objects"),

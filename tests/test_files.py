@@ -18,6 +18,7 @@ from benchgen_router.files import (
     read_jsonl,
     read_queries,
     split_lines,
+    staging_dir,
     to_json,
 )
 
@@ -87,6 +88,28 @@ def test_the_input_itself_is_refused_also_through_a_link(tmp_path):
         with pytest.raises(UsageError, match="is the input file"):
             Output(output, inputs=[source])
     assert source.read_text() == "q\n"
+
+
+def test_atomic_output_refuses_its_input(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"query": "q"}\n')
+    with pytest.raises(UsageError, match="is the input file"), atomic_output(source, inputs=[source]) as handle:
+        handle.write("results")
+    assert source.read_text() == '{"query": "q"}\n'
+
+
+def test_staging_removes_the_owned_files_this_run_did_not_write(tmp_path):
+    final = tmp_path / "out"
+    final.mkdir()
+    for name in ("guard.bin", "plot.png", "mine.txt"):
+        (final / name).write_text("old")
+    with staging_dir(final, owned=("guard.bin", "plot.png", "head.npy")) as staging:
+        (staging / "plot.png").write_text("new")
+        (staging / "head.npy").write_text("new")
+    assert {p.name: p.read_text() for p in final.iterdir()} == {"plot.png": "new", "head.npy": "new", "mine.txt": "old"}
+    with pytest.raises(RuntimeError), staging_dir(final, owned=("plot.png",)):
+        raise RuntimeError("the run failed")
+    assert (final / "plot.png").read_text() == "new"  # a failed run removes nothing
 
 
 def test_a_device_is_written_as_a_stream_and_kept():

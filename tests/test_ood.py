@@ -554,6 +554,7 @@ def _stats(tensors: dict[str, np.ndarray], path: Path, metadata: dict[str, str] 
         ("not PD", lambda t: {**t, "ood_precision": _non_positive_definite(t["ood_precision"])}, "s.npz", "definite"),
         ("pickled", None, "s.npy", "pickled"),
         ("unknown fallback", lambda t: t, "s.safetensors", "fallback agent 'gpt_x' is not in agent_order"),
+        ("npz, no fallback", lambda t: t, "s.npz", "name no fallback agent .* --ood-fallback-agent AGENT"),
     ],
 )
 def test_converter_refuses_bad_statistics_and_writes_nothing(
@@ -575,6 +576,15 @@ def test_converter_refuses_bad_statistics_and_writes_nothing(
     with pytest.raises(UsageError, match=message) as caught:
         convert_release_api(manifest, weights, out, backbone=str(backbone_dir), ood_stats=path)
     assert "\n" not in str(caught.value) and not out.exists()
+
+
+def test_a_fallback_agent_without_a_guard_is_refused(guarded, tmp_path, backbone_dir, capsys):
+    manifest, weights = guarded["release"]
+    out = tmp_path / "router"
+    base = ["convert", "--manifest", manifest, "--weights", weights, "--output-dir", out, "--backbone", backbone_dir]
+    assert cli(*base, "--ood-fallback-agent", "open_mid", "--no-ood-guard") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no out-of-distribution guard" in err[0] and not out.exists()
 
 
 def test_evaluate_reports_the_guard_on_the_ood_set(guarded, tmp_path):

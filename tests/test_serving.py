@@ -532,6 +532,31 @@ def test_route_engine_ray_on_the_command_line_equals_the_local_engine(service, t
     assert same_records(got, want) and [r["line"] for r in got] == [1, 2, 3, 4, 5, 6]
 
 
+def test_the_ray_engine_routes_past_a_batch_with_nothing_routable(service, tmp_path):
+    """70 zero-width-space lines then 5 questions: the first batches hold nothing the router can
+    read. Both engines skip those lines and route the 5 (exit 1: lines were skipped)."""
+    pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
+    source = tmp_path / "q.txt"
+    source.write_text("\u200b\n" * 70 + "\n".join(QUERIES[:5]) + "\n")
+    want = local_records(tmp_path, source)
+    out = tmp_path / "ray.jsonl"
+    args = ["route", "--engine", "ray", "--input", source, "--output", out, "--actors", "1", "--batch-size", "16"]
+    assert cli(*args, "--quiet") == 1
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert same_records(got, want) and [r["line"] for r in got] == [71, 72, 73, 74, 75]
+
+
+def test_the_ray_engine_refuses_to_write_over_its_input(service, tmp_path):
+    source = tmp_path / "q.jsonl"
+    source.write_text("".join(json.dumps({"query": q}) + "\n" for q in QUERIES[:7]))
+    before = source.read_bytes()
+    link = tmp_path / "alias.jsonl"
+    link.symlink_to(source)
+    for output in (source, link):
+        assert cli("route", "--engine", "ray", "--input", source, "--output", output, "--quiet") == 2
+    assert source.read_bytes() == before
+
+
 def test_ray_data_reads_parquet(service, tmp_path, expected):
     pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
     import pyarrow as pa

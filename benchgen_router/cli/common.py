@@ -8,6 +8,7 @@ Exit codes: 0 done; 1 some input lines were skipped, the rest done; 2 bad usage 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -22,16 +23,18 @@ EXIT_CODES_HELP = (
 )
 
 
-def integer_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= minimum, or a usage error that says so."""
+def integer_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum (and <= maximum), or a usage error that says so."""
     wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    if maximum is not None:
+        wanted = f"an integer from {minimum} to {maximum}"
 
     def parse(value: str) -> int:
         try:
             number = int(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {wanted}, got {value!r}") from None
-        if number < minimum:
+        if number < minimum or (maximum is not None and number > maximum):
             raise argparse.ArgumentTypeError(f"must be {wanted}, got {value}")
         return number
 
@@ -90,12 +93,17 @@ def configure_output(verbose: bool) -> None:
     logging.getLogger("benchgen_router").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
+FULL_OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
 def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a subcommand: bad input is one `error: ...` line and exit 2, anything unexpected one line
     and exit 70 (the traceback with --verbose), never exit 1, which means "some lines skipped"."""
     from benchgen_router.errors import UsageError, first_line
 
     verbose = getattr(args, "verbose", False)
+    if not verbose:  # transformers' and the Hub's own bars ("Loading weights"); the tools' bars stay
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return command(args)
     except UsageError as err:
@@ -108,6 +116,10 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE
     except Exception as err:
+        if isinstance(err, OSError) and err.errno in FULL_OUTPUT_ERRNOS:  # e.g. --output /dev/full
+            where = err.filename or "the output"
+            print(f"error: cannot write {where} ({err.strerror}); free space or pass another output.", file=sys.stderr)
+            return EXIT_USAGE
         if verbose:
             traceback.print_exc()
         print(

@@ -187,7 +187,7 @@ def route_command_line(args: argparse.Namespace) -> int:
             operating_points=args.operating_point,
         )
     except EmptyQueryError as err:
-        numbers = [queries[i].line for i in err.positions]
+        numbers = ", ".join(str(queries[i].line) for i in err.positions)
         raise UsageError(
             f"query {numbers} tokenizes to nothing but special tokens; a router cannot score it."
         ) from None

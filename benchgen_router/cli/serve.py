@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchgen_router.cli.common import EXIT_CODES_HELP, positive_int
+from benchgen_router.cli.common import EXIT_CODES_HELP, integer_at_least, positive_int
+
+port_number = integer_at_least(1, 65535)
 
 HELP = "serve the router over HTTP with Ray Serve"
 
@@ -36,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--revision", metavar="REV", help="router repository revision on the Hub")
     add("--backbone", metavar="DIR_OR_HUB_ID", help="load the backbone from here (e.g. a local copy of it)")
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    add("--port", type=positive_int, default=8000, help="port to listen on (default: %(default)s)")
+    add("--port", type=port_number, default=8000, help="port to listen on (default: %(default)s)")
     add("--replicas", type=positive_int, default=1, help="router replicas, one CPU each (default: %(default)s)")
     add("--max-batch-size", type=positive_int, default=32, help="queries per forward pass (default: %(default)s)")
     add(
@@ -51,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--threads", type=positive_int, help="torch threads per replica (default: the CPUs each replica is given)")
     add("--max-queries", type=positive_int, default=256, help="queries per request at most (default: %(default)s)")
     add("--max-request-bytes", type=positive_int, default=1 << 20, help="request body size at most (default: 1 MiB)")
-    add("--metrics-port", type=positive_int, help="Prometheus metrics port of a Ray this command starts")
+    add("--metrics-port", type=port_number, help="Prometheus metrics port of a Ray this command starts")
     add(
         "--operating-point",
         metavar="NAME",
@@ -67,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}.")
     if args.pool is not None and not args.pool.is_file():
         raise UsageError(f"pool file not found: {args.pool}")
+    if args.model is not None:  # before Ray starts: a missing folder is a usage error in a second, not a minute
+        from benchgen_router.loading import check_router_source
+
+        check_router_source(args.model)
     try:
         from benchgen_router.serving import serve
     except ImportError as err:

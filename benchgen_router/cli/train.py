@@ -74,6 +74,7 @@ from benchgen_router.cli.common import (
     read_card_note,
 )
 from benchgen_router.data import DEFAULT_TEST_SPLIT
+from benchgen_router.head import OPERATING_HEADS_FILE
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH
 from benchgen_router.ood import group_lines
 from benchgen_router.training import CMA_LIBRARIES, DEFAULT_CMA_LIBRARY, MIN_POPSIZE
@@ -285,6 +286,7 @@ def seed_list(text: str) -> list[int]:
 
 def operating_point(text: str) -> tuple[str, Any]:
     """NAME=COST[:LATENCY] -> (name, Tradeoff)."""
+    from benchgen_router.costs import MAX_WEIGHT
     from benchgen_router.errors import UsageError
     from benchgen_router.frontier import parse_grid
     from benchgen_router.model_code import OPERATING_POINT_NAME
@@ -296,8 +298,11 @@ def operating_point(text: str) -> tuple[str, Any]:
         )
     try:
         grid = parse_grid(weights)
-    except UsageError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    except UsageError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}': COST[:LATENCY] must be one number or a cost:latency pair of numbers from 0 to "
+            f"{MAX_WEIGHT:g} (e.g. balanced=0.2 or fast=0:0.01)"
+        ) from None
     if len(grid) != 1:
         raise argparse.ArgumentTypeError(f"'{text}' names more than one trade-off; give one COST[:LATENCY] per point")
     return name, grid[0]
@@ -447,7 +452,7 @@ def run(args: argparse.Namespace) -> int:
     from benchgen_router.evaluation import evaluate_picks
     from benchgen_router.files import staging_dir, to_json
     from benchgen_router.forms import QUERY_FORMATS, in_form
-    from benchgen_router.head import OPERATING_HEADS_FILE, head_picks, save_operating_heads
+    from benchgen_router.head import head_picks, save_operating_heads
     from benchgen_router.model_code import canonical_query
     from benchgen_router.ood import GUARD_FILE, save_guard
     from benchgen_router.training import cross_validate
@@ -543,7 +548,7 @@ def run(args: argparse.Namespace) -> int:
         manifest["target_mode"] = target
     if trained_guard is not None:
         manifest["ood_guard"] = trained_guard.record
-    with staging_dir(args.output_dir) as staging:
+    with staging_dir(args.output_dir, owned=RUN_FILES) as staging:
         np.save(staging / "head_weights.npy", result.theta.astype(np.float64), allow_pickle=False)
         if points:
             save_operating_heads(staging / OPERATING_HEADS_FILE, {name: r.theta for name, r in results.items()})
@@ -570,6 +575,18 @@ def run(args: argparse.Namespace) -> int:
     if trained_guard is not None:
         print(format_guard(trained_guard.record))
     return 0
+
+
+# Every file a run may write into --output-dir: one that this run does not write is removed, so an
+# earlier run's guard, heads or plots are never exported with this run's head.
+RUN_FILES = (
+    "head_weights.npy",
+    "manifest.json",
+    ood_defaults.GUARD_FILE,
+    OPERATING_HEADS_FILE,
+    "frontier-cost.png",
+    "frontier-latency.png",
+)
 
 
 def point_utility(rewards: Any, cost_data: Any, tradeoff: Any) -> Any:
