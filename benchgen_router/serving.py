@@ -558,7 +558,12 @@ class RouterDeployment:
         self.check_ready()
         return {"agents": self.pool, "operating_points": self.points, "router": self.identity}
 
-    @api.get("/healthz", summary="200 once the router is loaded", responses={503: {"model": ErrorResponse}})
+    @api.api_route(
+        "/healthz",
+        methods=["GET", "HEAD"],
+        summary="200 once the router is loaded",
+        responses={503: {"model": ErrorResponse}},
+    )
     async def healthz(self) -> dict[str, Any]:
         self.check_ready()
         return {"status": "ok", "router": self.identity}
@@ -620,6 +625,18 @@ def check_port_free(host: str, port: int, what: str) -> None:
             probe.bind((host, port))
         except OSError as err:
             raise UsageError(f"cannot listen on {host}:{port} for {what} ({err.strerror}); pass a free port.") from None
+
+
+def check_cpus(what: str, wanted: int, declared: int | None = None) -> None:
+    """Refuse, in one line, to start a local Ray for more CPUs than this machine has: each replica or
+    actor loads its own router, so oversubscribing only multiplies the memory for no throughput."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    available = declared or cores
+    if wanted > available:
+        raise UsageError(
+            f"{what} need {wanted} CPUs but this machine has {available}; pass fewer {what}, or --address of a "
+            "Ray cluster that has the CPUs."
+        )
 
 
 def start_ray(address: str | None, num_cpus: int, metrics_port: int | None = None) -> tuple[bool, bool]:
@@ -724,6 +741,7 @@ def serve(
     pool = read_pool_file(pool_file) if pool_file is not None else None
     local = not address and not ray.is_initialized()
     if local:
+        check_cpus("replicas", replicas * cpus, ray_cpus)
         check_port_free(host, port, "the service")
         metrics_port = metrics_port or free_port()
         check_port_free("127.0.0.1", metrics_port, "metrics")
@@ -948,6 +966,8 @@ def route_file_with_ray(
     """
     for name, value in (("actors", actors), ("threads", threads), ("batch_size", batch_size)):
         check_positive(name, value)
+    if not address and not ray.is_initialized():
+        check_cpus("actors", actors * threads)
     check_router_point(model, revision, operating_point)
     source = str(input)
     started = time.perf_counter()

@@ -30,7 +30,7 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers import AGENTS, PILOT, PROJECT_ROOT, check_result, cli, make_queries
+from helpers import AGENTS, PILOT, PROJECT_ROOT, check_result, cli, make_queries, run_tool
 from reference_impl import ReferenceRouter
 
 # Before Ray starts: its workers read this once. Metrics reach the Prometheus endpoint within a
@@ -210,6 +210,8 @@ def test_route_answers_equal_pick_agent(service, expected):
 def test_healthz_pool_and_openapi(service):
     status, health = request(service.url + "/healthz")
     assert status == 200 and health["status"] == "ok"
+    with urllib.request.urlopen(urllib.request.Request(service.url + "/healthz", method="HEAD"), timeout=30) as head:
+        assert head.status == 200 and head.read() == b""  # load balancers probe with HEAD
     status, pool = request(service.url + "/v1/pool")
     assert status == 200
     assert [agent["id"] for agent in pool["agents"]] == AGENTS  # pool (logit) order, not the file's
@@ -544,6 +546,26 @@ def test_the_ray_engine_routes_past_a_batch_with_nothing_routable(service, tmp_p
     assert cli(*args, "--quiet") == 1
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert same_records(got, want) and [r["line"] for r in got] == [71, 72, 73, 74, 75]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--replicas", "64"],
+        ["serve", "--threads", "33", "--replicas", "2"],
+        ["route", "--engine", "ray", "--actors", "64", "--input", "IN", "--output", "OUT"],
+    ],
+)
+def test_more_replicas_or_actors_than_cpus_are_refused_before_ray_starts(argv, tmp_path):
+    source = tmp_path / "q.txt"
+    source.write_text("What is 2 + 2?\n")
+    argv = [str(source) if a == "IN" else str(tmp_path / "out.jsonl") if a == "OUT" else a for a in argv]
+    started = time.monotonic()
+    result = run_tool(*argv)  # its own process: no Ray of this one's in the way
+    assert result.returncode == 2, result.stderr
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 and "CPUs but this machine has" in err[0], err
+    assert time.monotonic() - started < 60 and not (tmp_path / "out.jsonl").exists()
 
 
 def test_the_ray_engine_refuses_to_write_over_its_input(service, tmp_path):
