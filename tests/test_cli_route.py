@@ -307,7 +307,10 @@ def test_unloadable_model_is_exit_2(tmp_path, capsys):
 # Interruption: a real SIGINT to a real run
 
 
-def test_sigint_mid_run_leaves_the_previous_output_untouched(converted, tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_a_signal_mid_run_leaves_the_previous_output_untouched(converted, tmp_path, signum, code, word):
     folder, _ = converted[0]
     source, out = tmp_path / "many.txt", tmp_path / "picks.jsonl"
     source.write_text("\n".join(make_queries(3000, seed=5)) + "\n")
@@ -343,11 +346,11 @@ def test_sigint_mid_run_leaves_the_previous_output_untouched(converted, tmp_path
         time.sleep(0.05)
     time.sleep(0.3)  # well inside the routing of 3000 queries, which takes seconds
     assert process.poll() is None, "the run finished before it could be interrupted"
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130
+    process.send_signal(signum)
+    assert process.wait(timeout=60) == code
     reader.join(timeout=10)
     text = b"".join(stderr).decode(errors="replace")
-    assert "interrupted" in text and "routed" not in text
+    assert word in text and "routed" not in text and "Traceback" not in text
     assert out.read_text() == "previous run\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["many.txt", "picks.jsonl"]  # no temporary file left
 

@@ -603,6 +603,7 @@ def test_a_run_into_an_earlier_runs_folder_leaves_none_of_its_files(tmp_path, ba
     ]  # fmt: skip
     result = run_tool("train", *args)
     assert result.returncode == 0, result.stderr
+    assert "Loading weights" not in result.stderr and "Writing model shards" not in result.stderr  # quiet
     assert sorted(p.name for p in out.iterdir()) == ["head_weights.npy", "manifest.json", "notes.txt"]
     config = json.loads((tmp_path / "router" / "config.json").read_text())
     assert config["ood_threshold"] is None and "ood_guard" not in json.loads((out / "manifest.json").read_text())

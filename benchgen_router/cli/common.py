@@ -11,16 +11,29 @@ import argparse
 import errno
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 70, 130, 141
+EXIT_TERMINATED = 143
 EXIT_CODES_HELP = (
     "Exit codes: 0 done; 1 some lines skipped, the rest done; 2 bad usage or input (nothing written); "
-    "70 unexpected error; 130 interrupted; 141 stdout closed early"
+    "70 unexpected error; 130 interrupted; 141 stdout closed early; 143 stopped by SIGTERM"
 )
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that it unwinds as for Ctrl-C: temporary files are
+    removed and the previous output is kept."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
 
 
 def integer_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -89,6 +102,10 @@ def configure_output(verbose: bool) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if "transformers" in sys.modules:  # imported while parsing (an argument's type): too late for the variable
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("benchgen_router").setLevel(logging.DEBUG if verbose else logging.INFO)
 
@@ -99,11 +116,20 @@ FULL_OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a subcommand: bad input is one `error: ...` line and exit 2, anything unexpected one line
     and exit 70 (the traceback with --verbose), never exit 1, which means "some lines skipped"."""
-    from benchgen_router.errors import UsageError, first_line
 
     verbose = getattr(args, "verbose", False)
-    if not verbose:  # transformers' and the Hub's own bars ("Loading weights"); the tools' bars stay
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
+    try:
+        return _run(command, args, verbose)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace, verbose: bool) -> int:
+    from benchgen_router.errors import UsageError, first_line
+
     try:
         return command(args)
     except UsageError as err:
@@ -112,6 +138,9 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE
