@@ -90,6 +90,9 @@ APP_NAME = "benchgen-router"
 DEPLOYMENT_NAME = "Router"
 DEFAULT_MAX_QUERIES = 256
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+# A client that sends headers and then stalls holds one of a replica's request slots; its body must
+# arrive within this many seconds, or it gets a 408 and the slot is freed.
+BODY_TIMEOUT_S = 10.0
 # One torch thread per CPU a replica is given. More threads than free cores is much slower: on a
 # busy 2-core machine one query took 992 ms in-process with torch's default of 2 threads against
 # 27 ms with 1 (bench/service.py; the threads spin waiting for cores other processes hold).
@@ -396,6 +399,30 @@ async def _unexpected(request: Request, err: Exception) -> JSONResponse:
     return JSONResponse({"error": f"internal error ({type(err).__name__}: {first_line(err)})"}, status_code=500)
 
 
+async def read_body(request: Request, max_request_bytes: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The request body, counted as it arrives: a body over the limit is refused at the chunk that
+    crosses it (a chunked upload never sits in memory whole), and one that has not arrived within
+    `timeout_s` is a 408 (a stalled client releases its slot)."""
+    chunks: list[bytes] = []
+    size = 0
+
+    async def collect() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_request_bytes:
+                raise RequestProblem(
+                    413, f"request body is over this service's limit of {max_request_bytes} bytes; split it."
+                )
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(collect(), timeout_s)
+    except TimeoutError:
+        raise RequestProblem(408, f"request body not received within {timeout_s:g} s; send it whole.") from None
+    return b"".join(chunks)
+
+
 def parse_route_body(body: bytes, max_queries: int, max_request_bytes: int) -> tuple[list[str], Any]:
     """(the queries of a /v1/route body, its "operating_point" as sent or None: requested_point()
     checks it against the router), or RequestProblem naming what is wrong with the body."""
@@ -533,7 +560,8 @@ class RouterDeployment:
                 f"request body is {declared} bytes, over this service's limit of {self.max_request_bytes}; split it.",
             )
         try:
-            queries, asked = parse_route_body(await request.body(), self.max_queries, self.max_request_bytes)
+            body = await read_body(request, self.max_request_bytes)
+            queries, asked = parse_route_body(body, self.max_queries, self.max_request_bytes)
             point = requested_point(self.router.config, asked, self.default_point)
         except RequestProblem as problem:
             raise self.refuse(problem.status, problem.message) from None

@@ -306,6 +306,51 @@ def test_bad_requests_get_a_4xx_with_one_line(service, expected, body, status, w
     assert status == 200 and same_result(answer["results"][0], expected[QUERIES[0]])  # still answering
 
 
+def raw_exchange(service, head: bytes, chunks: list[bytes], pause_s: float = 0.0, timeout: float = 60) -> bytes:
+    """Send a request by hand (headers, then each chunk, `pause_s` apart) and return what the service
+    answers, read until it closes the connection or `timeout` passes."""
+    import socket
+
+    host, port = service.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+        connection.sendall(head)
+        answer = b""
+        for chunk in chunks:
+            try:
+                connection.sendall(chunk)
+            except OSError:  # the service answered and closed before the upload ended
+                break
+            time.sleep(pause_s)
+        with contextlib.suppress(OSError):
+            while piece := connection.recv(65536):
+                answer += piece
+                if b"\r\n\r\n" in answer and b'"error"' in answer:
+                    break
+        return answer
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_arrives(service):
+    head = b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    piece = b'{"queries": ["' + b"x" * 1000
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    answer = raw_exchange(service, head, [chunk] * 64)  # 64 kB sent against a 4 kB limit
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert f"limit of {MAX_BYTES} bytes".encode() in answer
+    assert request(service.url + "/healthz")[0] == 200
+
+
+def test_a_stalled_upload_gets_a_408_and_the_service_keeps_answering(service):
+    head = b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    started = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        stalled = pool.submit(raw_exchange, service, head, [], 0.0, 60)
+        time.sleep(1)
+        assert request(service.url + "/healthz", timeout=10)[0] == 200  # while the upload stalls
+        answer = stalled.result(timeout=60)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"not received within" in answer and time.monotonic() - started < 40
+
+
 def test_unknown_paths_and_methods_answer_in_the_same_format(service):
     status, answer = request(service.url + "/v2/route")
     assert status == 404 and list(answer) == ["error"] and "/docs" in answer["error"]
