@@ -667,6 +667,26 @@ def check_cpus(what: str, wanted: int, declared: int | None = None) -> None:
         )
 
 
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str) -> None:
+    """One line, in bounded time, for a HOST:PORT (or ray://HOST:PORT) nothing listens on: ray.init
+    itself retries such an address for minutes. Other forms ("auto") are left to Ray."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise UsageError(
+            f"no Ray cluster answers at {address} ({err.strerror or type(err).__name__}); start one "
+            "(`ray start --head`) or pass the address it printed."
+        ) from None
+
+
 def start_ray(address: str | None, num_cpus: int, metrics_port: int | None = None) -> tuple[bool, bool]:
     """Join `address`, or start a private local Ray (address "local": never someone else's) with
     `num_cpus` CPUs and no dashboard; nothing when this process is already connected.
@@ -674,6 +694,7 @@ def start_ray(address: str | None, num_cpus: int, metrics_port: int | None = Non
     if ray.is_initialized():
         return False, False
     if address:
+        check_reachable(address)
         ray.init(address=address)
         return False, True
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _metrics_export_port=metrics_port)

@@ -593,6 +593,17 @@ def test_the_ray_engine_routes_past_a_batch_with_nothing_routable(service, tmp_p
     assert same_records(got, want) and [r["line"] for r in got] == [71, 72, 73, 74, 75]
 
 
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_address_where_no_ray_answers_fails_in_bounded_time(scheme):
+    address = f"{scheme}127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    result = run_tool("serve", "--address", address)
+    assert result.returncode == 2, result.stderr
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 and f"no Ray cluster answers at {address}" in err[0], err
+    assert time.monotonic() - started < 60
+
+
 @pytest.mark.parametrize(
     "argv",
     [
