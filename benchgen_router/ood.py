@@ -704,24 +704,30 @@ def train_guard(
         **(metadata or {}),
     }
     guard = fit_guard(rows[fit_rows], rows[calibration_rows], keep_share, metadata=info)
-    kept = float((~guard.flags(rows[calibration_rows])).mean())
-    record: dict[str, object] = {
+    record = guard_record(guard, fallback, rule, seed, keep_share=keep_share, n_prompts=len(rows))
+    record.update(
+        n_fit=len(fit_rows),
+        n_calibration=len(calibration_rows),
+        calibration_kept_share=float((~guard.flags(rows[calibration_rows])).mean()),
+    )
+    return TrainedGuard(guard, fallback, record)
+
+
+def guard_record(guard: OODGuard, fallback: str, rule: str, seed: int, **figures: object) -> dict[str, object]:
+    """What the manifest keeps of a trained guard (`ood_guard`): its score, threshold, fallback and
+    calibration, and the trainer's `figures`."""
+    return {
         "file": GUARD_FILE,
         "score": guard.metadata["score"],
         "threshold": guard.threshold,
         "fallback_agent": fallback,
         "fallback_rule": rule,
-        "keep_share": keep_share,
-        "calibration_rule": CALIBRATION_RULE,
-        "n_prompts": len(rows),
-        "n_fit": len(fit_rows),
-        "n_calibration": len(calibration_rows),
-        "calibration_kept_share": kept,
+        "calibration_rule": guard.metadata.get("calibration_rule", CALIBRATION_RULE),
         "split_seed": seed,
         "shrinkage": guard.metadata["shrinkage"],
         "shrinkage_weight": float(guard.metadata["shrinkage_weight"]),
+        **figures,
     }
-    return TrainedGuard(guard, fallback, record)
 
 
 def fallback_rule(costs: np.ndarray | None, tolerance: float, fallback: int | None) -> str:
@@ -782,27 +788,22 @@ def train_discriminative_guard(
         l2,
         metadata={**info, **(metadata or {})},
     )
-    record: dict[str, object] = {
-        "file": GUARD_FILE,
-        "score": guard.metadata["score"],
-        "threshold": guard.threshold,
-        "fallback_agent": fallback,
-        "fallback_rule": rule,
-        "keep_share": keep_share,
-        "plain_keep_share": plain_keep_share,
-        "calibration_rule": guard.metadata["calibration_rule"],
-        "n_prompts": len(prompts),
-        "n_fit": len(fitted),
-        "n_calibration": len(calibration_rows),
-        "n_plain_calibration": len(calibration_questions),
-        "n_outside": len(outside),
-        "calibration_kept_share": float((~guard.flags(prompts[calibration_rows])).mean()),
-        "plain_calibration_kept_share": float((~guard.flags(inside[calibration_questions])).mean()),
-        "split_seed": seed,
-        "shrinkage": guard.metadata["shrinkage"],
-        "shrinkage_weight": float(guard.metadata["shrinkage_weight"]),
-        "l2": l2,
-    }
+    record = guard_record(
+        guard,
+        fallback,
+        rule,
+        seed,
+        keep_share=keep_share,
+        plain_keep_share=plain_keep_share,
+        n_prompts=len(prompts),
+        n_fit=len(fitted),
+        n_calibration=len(calibration_rows),
+        n_plain_calibration=len(calibration_questions),
+        n_outside=len(outside),
+        calibration_kept_share=float((~guard.flags(prompts[calibration_rows])).mean()),
+        plain_calibration_kept_share=float((~guard.flags(inside[calibration_questions])).mean()),
+        l2=l2,
+    )
     return TrainedGuard(guard, fallback, record)
 
 

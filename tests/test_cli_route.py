@@ -300,7 +300,10 @@ def test_empty_command_line_query_is_a_usage_error(converted, capsys):
 def test_unloadable_model_is_exit_2(tmp_path, capsys):
     (tmp_path / "q.txt").write_text("hello\n")
     assert cli("route", "--model", tmp_path / "nowhere", "--input", tmp_path / "q.txt") == 2
-    assert "cannot load router" in capsys.readouterr().err
+    assert f"router folder not found: {tmp_path / 'nowhere'}" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli("route", "--model", tmp_path / "empty", "--input", tmp_path / "q.txt") == 2
+    assert "holds no config.json, so it is not a router folder" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -124,22 +124,25 @@ def chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
         yield chunk
 
 
+def route_args(router: Any, tokenizer: Any, queries: list[Any], args: argparse.Namespace) -> Any:
+    """The model's decisions on these queries, batched and at the operating point the command asks for."""
+    from benchgen_router.routing import route_queries
+
+    texts = [q.text for q in queries]
+    return route_queries(
+        router, tokenizer, texts, args.batch_size, args.max_batch_tokens, operating_points=args.operating_point
+    )
+
+
 def route_chunk(router: Any, tokenizer: Any, queries: list[Any], args: argparse.Namespace) -> tuple[list, list]:
     """(records for the routable queries, Skipped for those that tokenize to nothing), input order."""
     from benchgen_router.files import Skipped
-    from benchgen_router.routing import EmptyQueryError, results_for, route_queries
+    from benchgen_router.routing import EmptyQueryError, results_for
 
     skipped = []
     while queries:
         try:
-            routed = route_queries(
-                router,
-                tokenizer,
-                [q.text for q in queries],
-                args.batch_size,
-                args.max_batch_tokens,
-                operating_points=args.operating_point,
-            )
+            routed = route_args(router, tokenizer, queries, args)
             break
         except EmptyQueryError as err:
             empty = set(err.positions)
@@ -169,7 +172,7 @@ def route_command_line(args: argparse.Namespace) -> int:
     """Queries given as arguments: each must be routable (else one line, exit 2), printed in order."""
     from benchgen_router.errors import UsageError
     from benchgen_router.files import Query, text_problem
-    from benchgen_router.routing import EmptyQueryError, results_for, route_queries
+    from benchgen_router.routing import EmptyQueryError, results_for
 
     queries = []
     for position, query in enumerate(args.queries, start=1):
@@ -178,14 +181,7 @@ def route_command_line(args: argparse.Namespace) -> int:
         queries.append(Query(position, query))
     router, tokenizer = load(args)
     try:
-        routed = route_queries(
-            router,
-            tokenizer,
-            [q.text for q in queries],
-            args.batch_size,
-            args.max_batch_tokens,
-            operating_points=args.operating_point,
-        )
+        routed = route_args(router, tokenizer, queries, args)
     except EmptyQueryError as err:
         numbers = ", ".join(str(queries[i].line) for i in err.positions)
         raise UsageError(
