@@ -96,7 +96,7 @@ def test_utility_is_reward_minus_weighted_cost_and_latency_and_the_same_array_at
     assert data.utility(0, 0) is data.rewards  # the search sees exactly R
     expected = data.rewards - 0.5 * data.cost_per_1k - 0.1 * data.latency_s
     np.testing.assert_allclose(data.utility(0.5, 0.1), expected)
-    with pytest.raises(UsageError, match="cost weight -1 must be a finite number >= 0"):
+    with pytest.raises(UsageError, match="cost weight -1 must be a number from 0 to 1e\\+06"):
         utility_matrix(data.rewards, data.cost_per_1k, data.latency_s, -1, 0)
     with pytest.raises(UsageError, match="latency weight nan"):
         utility_matrix(data.rewards, data.cost_per_1k, data.latency_s, 0, math.nan)
