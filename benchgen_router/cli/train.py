@@ -490,7 +490,8 @@ def run(args: argparse.Namespace) -> int:
     trained_guard = None
     if not args.no_ood_guard:
         started = time.perf_counter()
-        trained_guard = fit_task_guard(args, task_rows, data, test, embed, rules, cost_data)
+        labelled = {"formatted": embedded.vectors, "plain": plain}
+        trained_guard = fit_task_guard(args, task_rows, data, test, embed, rules, labelled, cost_data)
         timings["ood_guard_seconds"] = time.perf_counter() - started
     embeddings, rewards = embedded.vectors.astype(np.float64), data.rewards
     plain = plain.astype(np.float64)
@@ -775,11 +776,13 @@ def fit_task_guard(
     test: Any,
     embed: Any,
     rules: dict[str, list[str]] | None,
+    labelled: dict[str, Any],
     cost_data: Any = None,
 ) -> Any:
     """The out-of-distribution guard of this run (ood.train_guard) on every prompt of the task pool,
-    canonicalised as the router will see them, measured on the OOD and plain query sets; None (with
-    a warning) when the pool has too few prompts to calibrate the keep share."""
+    canonicalised as the router will see them, measured on the OOD and plain query sets and on the
+    labelled tasks' embeddings in each form (`labelled`); None (with a warning) when the pool has too
+    few prompts to calibrate the keep share."""
     from benchgen_router import ood
     from benchgen_router.model_code import canonical_query
 
@@ -844,11 +847,8 @@ def fit_task_guard(
         questions, _ = ood.read_ood_queries(ood.PACKAGED_PLAIN_QUERIES, "plain query set")
         kept = ~trained.guard.flags(embed([canonical_query(q, rules) for q in questions]).vectors)
         trained.record["plain_questions_kept_share"] = float(kept.mean())
-    for form in ("formatted", "plain"):  # the labelled tasks, as the data gives them and as users type them
-        from benchgen_router.forms import in_form
-
-        texts = [canonical_query(prompt, rules) for prompt in in_form(data.prompts, form)]
-        trained.record[f"labelled_{form}_flagged_share"] = float(trained.guard.flags(embed(texts).vectors).mean())
+    for form, vectors in labelled.items():  # the labelled tasks, as the data gives them and as users type them
+        trained.record[f"labelled_{form}_flagged_share"] = float(trained.guard.flags(vectors).mean())
     return trained
 
 
