@@ -598,7 +598,7 @@ def _load_backbone(
             "pass backbone_name_or_path=<Hub id or local folder of the backbone>."
         )
     if not override and revision is None and (local := packaged_backbone(source)):
-        logger.info("backbone %s: the copy installed with its package, %s", source, local)
+        logger.debug("backbone %s: the copy installed with its package, %s", source, local)
         source = local
     text_config = config.text_config
     if attn_implementation is not None:
