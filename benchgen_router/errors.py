@@ -12,3 +12,8 @@ class UsageError(ValueError):
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (library errors often run to many lines)."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the work is, so that it unwinds as for Ctrl-C: temporary files are
+    removed, a service drains, and the previous output is kept."""

@@ -31,6 +31,7 @@ import psutil
 import pytest
 
 from helpers import AGENTS, PILOT, PROJECT_ROOT, check_result, cli, make_queries, run_tool
+from http_client import raw_exchange, request
 from reference_impl import ReferenceRouter
 
 # Before Ray starts: its workers read this once. Metrics reach the Prometheus endpoint within a
@@ -66,22 +67,6 @@ POOL = [
     }
     for i, agent in enumerate(reversed(AGENTS))  # listed out of pool order: the service reorders
 ]
-
-
-def request(url: str, body: bytes | None = None, method: str | None = None, timeout: float = 60) -> tuple[int, dict]:
-    """(status, JSON body) of one HTTP request; error statuses are answers too. A body that is
-    not JSON comes back as {"not_json": text}, which no test accepts as an answer."""
-    headers = {"content-type": "application/json"} if body is not None else {}
-    req = urllib.request.Request(url, data=body, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as err:
-        status, raw = err.code, err.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, {"not_json": raw.decode("utf-8", "replace")}
 
 
 def route(service, queries, timeout: float = 60, **fields) -> tuple[int, dict]:
@@ -127,34 +112,7 @@ def pool_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def blocking_child(tmp_path_factory):
-    """serve(blocking=True) in a child process on its own local Ray, started first so that it
-    comes up while the module's service does (test_sigterm_stops_a_blocking_service_cleanly)."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("blocking") / "serve.log"
-    script = (
-        "import logging; logging.basicConfig(level=logging.INFO);"
-        "from benchgen_router.serving import serve;"
-        f"serve(None, port={port}, ray_cpus=1)"
-    )
-    with log_path.open("wb") as log_file:
-        child = subprocess.Popen(
-            [sys.executable, "-c", script],
-            cwd=PROJECT_ROOT,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-        )
-    try:
-        yield child, port, log_path
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-
-
-@pytest.fixture(scope="module")
-def service(pool_file, blocking_child, expected_soon):
+def service(pool_file, expected_soon):
     """The default router with 2 replicas (so one can be killed), small limits, on a local Ray
     with a few spare CPUs for the Ray Data test's actor."""
     running = serve(
@@ -175,19 +133,24 @@ def service(pool_file, blocking_child, expected_soon):
         running.close()
 
 
-def ray_processes(besides: subprocess.Popen) -> list[psutil.Process]:
-    """The Ray processes this process started (raylet, GCS, workers, ...), not those of the child
-    process `besides` (it has a Ray of its own)."""
+def ray_processes() -> list[psutil.Process]:
+    """The Ray processes this process started (raylet, GCS, workers, ...)."""
     names = ("raylet", "gcs_server", "ray::", "default_worker", "dashboard", "log_monitor", "runtime_env")
-    theirs = {besides.pid}
-    with contextlib.suppress(psutil.NoSuchProcess):
-        theirs |= {p.pid for p in psutil.Process(besides.pid).children(recursive=True)}
     found = []
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
-            if child.pid not in theirs and any(name in " ".join(child.cmdline()) for name in names):
+            if any(name in " ".join(child.cmdline()) for name in names):
                 found.append(child)
     return found
+
+
+def router_replicas() -> list[str]:
+    """The names of the router replicas' actors (not the ingress's)."""
+    return [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith("SERVE_REPLICA::") and "#Router#" in actor["name"]
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,34 +269,11 @@ def test_bad_requests_get_a_4xx_with_one_line(service, expected, body, status, w
     assert status == 200 and same_result(answer["results"][0], expected[QUERIES[0]])  # still answering
 
 
-def raw_exchange(service, head: bytes, chunks: list[bytes], pause_s: float = 0.0, timeout: float = 60) -> bytes:
-    """Send a request by hand (headers, then each chunk, `pause_s` apart) and return what the service
-    answers, read until it closes the connection or `timeout` passes."""
-    import socket
-
-    host, port = service.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
-        connection.sendall(head)
-        answer = b""
-        for chunk in chunks:
-            try:
-                connection.sendall(chunk)
-            except OSError:  # the service answered and closed before the upload ended
-                break
-            time.sleep(pause_s)
-        with contextlib.suppress(OSError):
-            while piece := connection.recv(65536):
-                answer += piece
-                if b"\r\n\r\n" in answer and b'"error"' in answer:
-                    break
-        return answer
-
-
 def test_a_chunked_body_over_the_limit_is_refused_as_it_arrives(service):
     head = b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     piece = b'{"queries": ["' + b"x" * 1000
     chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
-    answer = raw_exchange(service, head, [chunk] * 64)  # 64 kB sent against a 4 kB limit
+    answer = raw_exchange(service.url, head, [chunk] * 64)  # 64 kB sent against a 4 kB limit
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert f"limit of {MAX_BYTES} bytes".encode() in answer
     assert request(service.url + "/healthz")[0] == 200
@@ -343,7 +283,7 @@ def test_a_stalled_upload_gets_a_408_and_the_service_keeps_answering(service):
     head = b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
     started = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
-        stalled = pool.submit(raw_exchange, service, head, [], 0.0, 60)
+        stalled = pool.submit(raw_exchange, service.url, head, [], 0.0, 60)
         time.sleep(1)
         assert request(service.url + "/healthz", timeout=10)[0] == 200  # while the upload stalls
         answer = stalled.result(timeout=60)
@@ -417,9 +357,7 @@ def test_metrics_count_routed_queries_per_agent(service):
 def test_a_killed_replica_is_replaced_while_the_other_answers(service, expected):
     """Kill one of the two replicas under load: requests keep being answered, Ray Serve starts a
     new replica, and afterwards every request succeeds again."""
-    replicas = [
-        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::")
-    ]
+    replicas = router_replicas()
     assert len(replicas) == 2
     victim = ray.get_actor(replicas[0], namespace="serve")
     outcomes: list[tuple[float, int]] = []
@@ -465,14 +403,11 @@ def test_a_killed_replica_is_replaced_while_the_other_answers(service, expected)
     print(f"replica kill: first failure's body: {failure_bodies[:1]}")
     assert sum(1 for status in after if status == 200) >= 20  # the other replica kept answering
     assert sent - answered <= 12  # only requests in flight on the killed replica can fail
+    assert set(failures) <= {503}  # and those get the ingress's answer, not a dropped connection
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        alive = [
-            a["name"]
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["name"].startswith("SERVE_REPLICA::")
-        ]
+        alive = router_replicas()
         if len(alive) == 2 and replicas[0] not in alive:
             break
         time.sleep(0.5)
@@ -633,6 +568,41 @@ def test_the_ray_engine_refuses_to_write_over_its_input(service, tmp_path):
     for output in (source, link):
         assert cli("route", "--engine", "ray", "--input", source, "--output", output, "--quiet") == 2
     assert source.read_bytes() == before
+
+
+def test_sigterm_during_ray_routing_exits_143_and_leaves_nothing_half_written(tmp_path):
+    """SIGTERM while Ray Data routes a file: exit 143 with one line, no Ray stack dump, the previous
+    output kept and no temporary file beside it; and before it, no deprecation or error lines from
+    Ray about the way the run is set up."""
+    pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
+    source, out = tmp_path / "many.txt", tmp_path / "picks.jsonl"
+    source.write_text("\n".join(make_queries(3000, seed=5)) + "\n")
+    out.write_text("previous run\n")
+    argv = ["route", "--engine", "ray", "--input", str(source), "--output", str(out), "--batch-size", "8"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchgen_router", *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
+    stderr: list[bytes] = []
+    reader = threading.Thread(target=lambda: stderr.extend(iter(lambda: process.stderr.read1(4096), b"")))
+    reader.start()
+    deadline = time.monotonic() + 180
+    while b"Starting execution" not in b"".join(stderr) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3)  # the actor pool starts: Ray logs any complaint about its settings now
+    assert process.poll() is None, b"".join(stderr).decode(errors="replace")[-2000:]
+    started = b"".join(stderr).decode(errors="replace")
+    assert "deprecated" not in started and "core_worker" not in started, started
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=90) == 143
+    reader.join(timeout=10)
+    text = b"".join(stderr).decode(errors="replace")
+    assert text.rstrip().endswith("terminated") and "Traceback" not in text and "SIGABRT" not in text, text[-2000:]
+    assert out.read_text() == "previous run\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["many.txt", "picks.jsonl"]
 
 
 def test_ray_data_reads_parquet(service, tmp_path, expected):
@@ -832,37 +802,11 @@ def test_a_wrong_operating_point_stops_the_service_with_one_line(service, operat
     assert set(ray.serve.status().applications) == deployed
 
 
-def test_shutdown_leaves_no_ray_process(service, blocking_child):
-    child = blocking_child[0]
-    assert ray_processes(besides=child)  # the module's Ray is running
+def test_shutdown_leaves_no_ray_process(service):
+    assert ray_processes()  # the module's Ray is running
     service.close()
     assert not ray.is_initialized()
     deadline = time.monotonic() + 30
-    while ray_processes(besides=child) and time.monotonic() < deadline:
+    while ray_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert ray_processes(besides=child) == []
-
-
-def test_sigterm_stops_a_blocking_service_cleanly(blocking_child):
-    """serve(blocking=True) in its own process, as the command line runs it: up, answering, then
-    SIGTERM: exit 0 with every Ray process it started gone."""
-    child, port, log_path = blocking_child
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and child.poll() is None:
-        try:
-            if request(f"http://127.0.0.1:{port}/healthz", timeout=5)[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
-    assert child.poll() is None, log_path.read_text()[-2000:]
-    status, pool = request(f"http://127.0.0.1:{port}/v1/pool")
-    assert status == 200 and pool["agents"] == [{"id": agent} for agent in AGENTS]  # no pool file: ids
-    started = psutil.Process(child.pid).children(recursive=True)
-    assert any("raylet" in " ".join(p.cmdline()) for p in started)
-    child.send_signal(signal.SIGTERM)
-    assert child.wait(timeout=60) == 0
-    log = log_path.read_text()
-    assert "stopping (SIGTERM)" in log
-    assert "Traceback" not in log
-    _, alive = psutil.wait_procs(started, timeout=30)
-    assert alive == [], [p.pid for p in alive]
+    assert ray_processes() == []

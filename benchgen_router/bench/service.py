@@ -217,14 +217,14 @@ def serve_processes() -> dict[str, list[int]]:
     """Pids of the service's processes by role, found by the titles Ray gives its workers."""
     import psutil
 
-    roles: dict[str, list[int]] = {"replica": [], "proxy": [], "other Ray processes": []}
+    roles: dict[str, list[int]] = {"router replica": [], "ingress": [], "proxy": [], "other Ray processes": []}
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             title = " ".join(child.cmdline())
             if BURNER in title or "py-spy" in title:
                 continue
             if "ServeReplica" in title:
-                roles["replica"].append(child.pid)
+                roles["ingress" if ":Ingress" in title else "router replica"].append(child.pid)
             elif "ProxyActor" in title:
                 roles["proxy"].append(child.pid)
             else:
@@ -256,9 +256,9 @@ def profile_level(
     if py_spy and spy_binary is None:
         logger.warning("py-spy not found (pip install py-spy): CPU times only")
     if py_spy and spy_binary:
-        for role in ("replica", "proxy"):
+        for role in ("router replica", "ingress", "proxy"):
             for pid in roles[role]:
-                out = Path(f"/tmp/bench-service-{role}-{pid}.txt")
+                out = Path(f"/tmp/bench-service-{role.replace(' ', '-')}-{pid}.txt")
                 command = [spy_binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "50", "-f", "raw"]
                 spies.append((role, out, subprocess.Popen([*command, "-o", str(out), "--nonblocking"])))
     row = asyncio.run(load_level(url, queries, concurrency, requests, seconds))
@@ -282,9 +282,9 @@ def py_spy_summary(role: str, path: Path) -> list[str]:
     if not path.exists():
         return [f"py-spy wrote no profile of the {role} (is py-spy installed, may it ptrace?)."]
     buckets = {
-        "model (run_router)": ("run_router (",),
+        "model (route_queries)": ("route_queries (",),
         "request checks (parse, tokenizer)": ("parse_route_body", "token_problems"),
-        "Ray Serve batching": ("batching.py",),
+        "batch merging": ("BatchMerger", "drain (", "submit ("),
         "HTTP (uvicorn, starlette, fastapi)": ("uvicorn", "starlette", "fastapi"),
         "Ray core (actor calls, object refs)": ("ray/_private", "ray/actor.py", "_raylet"),
     }

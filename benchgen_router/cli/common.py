@@ -2,7 +2,7 @@
 
 Exit codes: 0 done; 1 some input lines were skipped, the rest done; 2 bad usage or input (one
 `error:` line, nothing written); 70 an unexpected error (one line; --verbose shows the traceback);
-130 interrupted; 141 stdout closed early (`| head`).
+130 interrupted; 141 stdout closed early (`| head`); 143 stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -19,17 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchgen_router.errors import Terminated
+
 EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 70, 130, 141
 EXIT_TERMINATED = 143
 EXIT_CODES_HELP = (
     "Exit codes: 0 done; 1 some lines skipped, the rest done; 2 bad usage or input (nothing written); "
     "70 unexpected error; 130 interrupted; 141 stdout closed early; 143 stopped by SIGTERM"
 )
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the command is, so that it unwinds as for Ctrl-C: temporary files are
-    removed and the previous output is kept."""
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

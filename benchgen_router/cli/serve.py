@@ -5,12 +5,13 @@
     benchgen-router serve --model ./router-with-points --operating-point quality
     curl -s 127.0.0.1:8000/v1/route -d '{"queries": ["What is the derivative of x^3 + 2x?"]}'
 
-Starts a local Ray (or joins --address) and deploys the router: each replica loads it once and
-runs one torch thread per CPU it is given; concurrent requests are batched (Ray Serve's batching,
-plus merging whatever queued while the model ran) into one packed forward pass. Endpoints:
+Starts a local Ray (or joins --address) and deploys an HTTP ingress in front of the router
+replicas: each replica loads the router once and runs one torch thread per CPU it is given; the
+queries of concurrent requests are merged into one packed forward pass. Endpoints:
 POST /v1/route {"queries": [...]} -> {"results": [...], "router": {...}}, GET /v1/pool,
-GET /healthz, /docs and /openapi.json; Prometheus metrics on --metrics-port. A bad request gets a
-4xx with {"error": "<one line>"}. Ctrl-C or SIGTERM shuts down and stops the Ray it started.
+GET /healthz (a JSON 503 until the router is loaded), /docs and /openapi.json; Prometheus metrics
+on --metrics-port. A bad request gets a 4xx with {"error": "<one line>"}. Ctrl-C (exit 130) or
+SIGTERM (exit 143) answers the requests in flight, then stops the Ray it started.
 
 A router trained at several quality/cost/latency trade-offs routes each request at the
 "operating_point" it names ({"queries": [...], "operating_point": "fast"}), else at
@@ -45,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-wait-ms",
         type=float,
         default=0.0,
-        help="how long a batch waits for more requests (default: 0: requests that queue while the model runs "
-        "are merged anyway)",
+        help="how long an idle replica waits for more requests before a forward pass (default: 0: requests "
+        "that queue while the model runs are merged anyway)",
     )
     add("--pool", type=Path, metavar="agents.json", help="the pool's models and prices, served at /v1/pool")
     add("--address", metavar="RAY", help="join this Ray cluster instead of starting a local Ray")
@@ -96,5 +97,6 @@ def run(args: argparse.Namespace) -> int:
         backbone=args.backbone,
         metrics_port=args.metrics_port,
         operating_point=args.operating_point,
+        system_log_level="INFO" if args.verbose else "WARNING",
     )
     return 0

@@ -1,0 +1,40 @@
+"""The router as an HTTP service on Ray Serve, and bulk routing of files with Ray Data.
+
+    app      the HTTP API: the ingress deployment, its schemas, request checks, errors as JSON
+    replica  the deployment that holds the router: batching and scoring
+    service  starting and stopping it: serve()
+    bulk     routing a file with a pool of Ray actors: route_file_with_ray()
+
+The names below load lazily: the ingress's worker imports only `app`, and so never torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "DEFAULT_MAX_QUERIES": "app",
+    "DEFAULT_MAX_REQUEST_BYTES": "app",
+    "RouterIngress": "app",
+    "api": "app",
+    "RouterReplica": "replica",
+    "pool_for_router": "replica",
+    "route_items": "replica",
+    "token_problems": "replica",
+    "APP_NAME": "service",
+    "RunningService": "service",
+    "free_port": "service",
+    "read_pool_file": "service",
+    "serve": "service",
+    "BulkResult": "bulk",
+    "route_file_with_ray": "bulk",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"benchgen_router.serving.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'benchgen_router.serving' has no attribute {name!r}")

@@ -1,0 +1,345 @@
+"""The HTTP API: the ingress deployment, its schemas, request checks and errors as JSON.
+
+    POST /v1/route  {"queries": ["...", ...]}  ->  {"results": [...], "router": {"name", "revision"}}
+    GET  /v1/pool                              ->  the agents in pool order (slug and prices with a pool file),
+                                                   and the router's operating points when it has several heads
+    GET  /healthz                              ->  200 once the router is loaded, a JSON 503 until then
+    GET  /openapi.json, /docs                  ->  the API's OpenAPI schema and its browsable form
+
+The ingress reads and checks each request, then hands its queries to the router replicas
+(serving.replica) in one call. It never loads the model and imports neither torch nor
+transformers, so it starts in a second and answers while the replicas load; and a client that
+stalls its upload holds one of its many cheap slots, never a replica's.
+
+Bad requests get a 4xx answer with one line, {"error": "..."}, and never fail other requests:
+400 for a body that is not a JSON object, 408 for a body that does not arrive within
+BODY_TIMEOUT_S, 413 for more than `max_queries` queries or `max_request_bytes` bytes per request
+(defaults 256 and 1 MiB; a chunked body is counted as it arrives), 422 for a missing or empty
+`queries` list, an item that is not text, a query the router cannot score (blank, or only
+characters its tokenizer drops such as U+200B or a byte-order mark), or an `operating_point` that
+is not one of the router's (or given to a router with one head). 503 while the router loads, or
+when a replica fails or the service stops while routing (retry).
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) as types.
+import asyncio
+import contextvars
+import json
+import logging
+from collections import Counter
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from ray import serve as ray_serve
+from ray.exceptions import RayError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from benchgen_router.errors import first_line
+from benchgen_router.files import text_problem
+
+logger = logging.getLogger("benchgen_router.serving")
+
+INGRESS_NAME = "Ingress"
+DEFAULT_MAX_QUERIES = 256
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+# A client that sends headers and then stalls holds one ingress slot; its body must arrive within
+# this many seconds, or it gets a 408 and the slot is freed.
+BODY_TIMEOUT_S = 10.0
+# Requests one ingress replica holds at once (reading, checking, or waiting for the replicas).
+# Each costs a coroutine and at most one body, so the limit is high: stalled uploads fill it only
+# by the thousand, and only for BODY_TIMEOUT_S.
+INGRESS_MAX_ONGOING = 2048
+# How long a request waits for the router to be loaded before a 503; a probe answers at once.
+READY_WAIT_S = 1.0
+ROUTED_COUNTER = "benchgen_router_routed_queries"
+REJECTED_COUNTER = "benchgen_router_rejected_requests"
+
+
+class RouteRequest(BaseModel):
+    queries: list[str] = Field(
+        min_length=1,
+        description=f"Queries to route, at most {DEFAULT_MAX_QUERIES} per request by default "
+        f"(and {DEFAULT_MAX_REQUEST_BYTES} bytes of body); each must hold text the router can read.",
+        examples=[["What is the derivative of x^3 + 2x?"]],
+    )
+    operating_point: str | None = Field(
+        None,
+        description="For a router trained at several quality/cost/latency trade-offs: the operating point "
+        "(head) that routes these queries, one of the names GET /v1/pool lists under operating_points. "
+        "Absent or null: the service's default (marked there). A router with one head refuses it (422).",
+        examples=["quality"],
+    )
+
+
+class RouteResult(BaseModel):
+    picked_agent: str = Field(description="The agent that should answer (argmax of the logits).")
+    agent_index: int = Field(description="Its position in the pool.")
+    probabilities: dict[str, float] = Field(description="Softmax of the logits, by agent id, pool order.")
+    logits: dict[str, float] = Field(description="The head's raw score of each agent, pool order.")
+    operating_point: str | None = Field(
+        None, description="Routers with operating points: the point whose head scored this query."
+    )
+    out_of_distribution: bool | None = Field(
+        None, description="Routers with a guard: the query is unlike the training distribution."
+    )
+    ood_score: float | None = Field(None, description="Routers with a guard: the guard's score (higher: further out).")
+    head_pick: str | None = Field(
+        None, description="Flagged queries: the head's own choice (picked_agent is then the fallback agent)."
+    )
+
+
+class RouterInfo(BaseModel):
+    name: str = Field(description="The router asked for ('default' for the bundled one).")
+    revision: str | None = Field(description="Its revision: the one asked for, the Hub commit, or a weights digest.")
+
+
+class RouteResponse(BaseModel):
+    results: list[RouteResult] = Field(description="One result per query, in request order.")
+    router: RouterInfo
+
+
+class PoolAgent(BaseModel):
+    id: str
+    slug: str | None = Field(None, description="The model this agent resolves to (with a pool file).")
+    price_per_1m_prompt_usd: float | None = Field(None, description="With a pool file.")
+    price_per_1m_output_usd: float | None = Field(None, description="With a pool file.")
+
+
+class OperatingPoint(BaseModel):
+    name: str = Field(description="What a request sends as operating_point.")
+    cost_weight: float = Field(description="Reward given up per USD per 1,000 queries saved, in training.")
+    latency_weight: float = Field(description="Reward given up per second per query saved, in training.")
+    default: bool = Field(description="The point requests without operating_point are routed at.")
+
+
+class PoolResponse(BaseModel):
+    agents: list[PoolAgent] = Field(description="The router's agents, in pool (logit) order.")
+    operating_points: list[OperatingPoint] | None = Field(
+        None, description="Routers trained at several trade-offs: their operating points, by name."
+    )
+    router: RouterInfo
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="One line naming the problem and the fix.")
+
+
+class RequestProblem(Exception):
+    """A request the service refuses: answered with `status` and {"error": message}."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+api = FastAPI(
+    title="BenchGen router",
+    version="1",
+    description="Pick which agent of an LLM pool should answer each query.",
+)
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
+        (400, "The body is not a JSON object."),
+        (408, "The body did not arrive in time."),
+        (413, "More queries or bytes than the service's per-request limits."),
+        (422, "No queries, a query that is not text or that the router cannot score, or an unknown operating point."),
+        (503, "The router is loading, or the service is stopping: retry."),
+    )
+}
+
+
+# Every failure becomes {"error": one line} here, and nowhere else.
+@api.exception_handler(RequestProblem)
+async def _request_problem(request: Request, problem: RequestProblem) -> JSONResponse:
+    return JSONResponse({"error": problem.message}, status_code=problem.status)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_problem(request: Request, err: StarletteHTTPException) -> JSONResponse:
+    hints = {404: f"no such endpoint: {request.url.path}; see /docs", 405: f"{request.method} is not allowed here"}
+    return JSONResponse({"error": hints.get(err.status_code, str(err.detail))}, status_code=err.status_code)
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
+    errors = err.errors()
+    where = ".".join(str(part) for part in errors[0].get("loc", ())) if errors else "request"
+    message = errors[0].get("msg", "invalid") if errors else "invalid"
+    return JSONResponse({"error": f"{where}: {message}"}, status_code=422)
+
+
+@api.exception_handler(Exception)
+async def _unexpected(request: Request, err: Exception) -> JSONResponse:
+    logger.exception("request failed")
+    return JSONResponse({"error": f"internal error ({type(err).__name__}: {first_line(err)})"}, status_code=500)
+
+
+async def read_body(request: Request, max_request_bytes: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The request body, counted as it arrives: a body over the limit is refused at the chunk that
+    crosses it (a chunked upload never sits in memory whole), and one that has not arrived within
+    `timeout_s` is a 408 (a stalled client releases its slot)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_request_bytes:
+        raise RequestProblem(
+            413, f"request body is {declared} bytes, over this service's limit of {max_request_bytes}; split it."
+        )
+    chunks: list[bytes] = []
+    size = 0
+
+    async def collect() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_request_bytes:
+                raise RequestProblem(
+                    413, f"request body is over this service's limit of {max_request_bytes} bytes; split it."
+                )
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(collect(), timeout_s)
+    except TimeoutError:
+        raise RequestProblem(408, f"request body not received within {timeout_s:g} s; send it whole.") from None
+    except (ClientDisconnect, asyncio.CancelledError) as gone:
+        # The client went away (Ray Serve's proxy then cancels its request): one line, not a traceback.
+        logger.warning("a client disconnected after %d bytes of its request body", size)
+        if isinstance(gone, asyncio.CancelledError):
+            raise
+        raise RequestProblem(400, "the client disconnected before sending the whole body.") from None
+    return b"".join(chunks)
+
+
+def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any]:
+    """(the queries of a /v1/route body, its "operating_point" as sent or None: the replicas check
+    it against the router), or RequestProblem naming what is wrong with the body."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, absurd nesting
+        reason = "nested too deeply" if isinstance(err, RecursionError) else first_line(err)
+        raise RequestProblem(400, f'body is not valid JSON ({reason}); send {{"queries": ["..."]}}.') from None
+    if not isinstance(payload, dict):
+        raise RequestProblem(400, f'body is a JSON {type(payload).__name__}, not an object; send {{"queries": [...]}}.')
+    if "queries" not in payload:
+        raise RequestProblem(422, 'body has no "queries" field; send {"queries": ["..."]}.')
+    queries = payload["queries"]
+    if isinstance(queries, str):
+        raise RequestProblem(422, '"queries" is a string, not a list; send {"queries": ["..."]}.')
+    if not isinstance(queries, list):
+        raise RequestProblem(422, f'"queries" is {type(queries).__name__}, not a list of strings.')
+    if not queries:
+        raise RequestProblem(422, '"queries" is empty; send at least one query.')
+    if len(queries) > max_queries:
+        raise RequestProblem(
+            413, f"{len(queries)} queries in one request, over this service's limit of {max_queries}; split it."
+        )
+    for position, query in enumerate(queries):
+        problem = text_problem(query, f"query {position}")
+        if problem:
+            raise RequestProblem(422, f"{problem}; a router cannot score it.")
+    return queries, payload.get("operating_point")
+
+
+@ray_serve.deployment(name=INGRESS_NAME)
+@ray_serve.ingress(api)
+class RouterIngress:
+    """The HTTP front: checks requests, then asks the router replicas (`router`, a handle to
+    serving.replica.RouterReplica) to route them, one call per request."""
+
+    def __init__(self, router: Any, max_queries: int, max_request_bytes: int) -> None:
+        from ray.serve.metrics import Counter as ServeCounter
+
+        self.router = router
+        self.max_queries = max_queries
+        self.max_request_bytes = max_request_bytes
+        self.described: asyncio.Task | None = None  # the replicas' description, asked for once
+        self.routed = ServeCounter(ROUTED_COUNTER, description="Queries routed, by picked agent.", tag_keys=("agent",))
+        self.rejected = ServeCounter(REJECTED_COUNTER, description="Requests refused, by status.", tag_keys=("status",))
+
+    async def description(self, wait_s: float | None) -> dict[str, Any]:
+        """What the replicas say of the router (serving.replica.RouterReplica.describe), once one has
+        loaded it; RequestProblem 503 if none has within `wait_s` (None: wait)."""
+        if self.described is None or (self.described.done() and self.described.exception() is not None):
+            # In a context of its own: created inside a request's, the call would carry that request's
+            # id, and be cancelled with it when that client goes away, for every caller sharing it.
+            self.described = asyncio.get_running_loop().create_task(
+                self.ask_description(), context=contextvars.Context()
+            )
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.described), wait_s)
+        except TimeoutError:
+            raise RequestProblem(503, "the router is still loading; retry in a few seconds.") from None
+        except RayError as err:
+            raise RequestProblem(503, f"no router replica answers ({type(err).__name__}); retry.") from None
+
+    async def ask_description(self) -> dict[str, Any]:
+        return await self.router.describe.remote()
+
+    async def get_startup_problem(self) -> str | None:
+        """Why the service cannot serve (the router did not load, it has no such operating point,
+        or the pool file does not fit), or None; waits for the replicas to load."""
+        return (await self.description(None))["problem"]
+
+    async def ready(self) -> dict[str, Any]:
+        described = await self.description(READY_WAIT_S)
+        if described["problem"]:
+            raise RequestProblem(503, described["problem"])
+        return described
+
+    def refuse(self, problem: RequestProblem) -> RequestProblem:
+        self.rejected.inc(1, tags={"status": str(problem.status)})
+        return problem
+
+    @api.post(
+        "/v1/route",
+        response_model=None,
+        responses={200: {"model": RouteResponse, "description": "One result per query."}, **ERROR_RESPONSES},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": RouteRequest.model_json_schema()}},
+            }
+        },
+        summary="Pick the agent for each query",
+    )
+    async def route(self, request: Request) -> JSONResponse:
+        try:
+            described = await self.ready()
+            body = await read_body(request, self.max_request_bytes)
+            queries, asked = parse_route_body(body, self.max_queries)
+            try:
+                answer = await self.router.route.remote(queries, asked)
+            except RayError as err:  # the replica died, or the service is stopping
+                raise RequestProblem(503, f"the router replica failed ({type(err).__name__}); retry.") from None
+            if "error" in answer:
+                raise RequestProblem(answer["status"], answer["error"])
+        except RequestProblem as problem:
+            raise self.refuse(problem) from None
+        for agent, count in Counter(result["picked_agent"] for result in answer["results"]).items():
+            self.routed.inc(count, tags={"agent": agent})
+        return JSONResponse({"results": answer["results"], "router": described["identity"]})
+
+    @api.get(
+        "/v1/pool",
+        response_model=PoolResponse,
+        response_model_exclude_none=True,
+        responses={503: {"model": ErrorResponse}},
+        summary="The router's agents in pool order, and its operating points",
+    )
+    async def pool_agents(self) -> dict[str, Any]:
+        described = await self.ready()
+        return {"agents": described["pool"], "operating_points": described["points"], "router": described["identity"]}
+
+    @api.api_route(
+        "/healthz",
+        methods=["GET", "HEAD"],
+        summary="200 once the router is loaded, a JSON 503 until then",
+        responses={503: {"model": ErrorResponse}},
+    )
+    async def healthz(self) -> dict[str, Any]:
+        return {"status": "ok", "router": (await self.ready())["identity"]}

@@ -1,0 +1,291 @@
+"""Bulk routing of files with Ray Data: what `benchgen-router route --input FILE --output OUT`
+writes, with the router run by a pool of Ray actors that each load it once (route_file_with_ray).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from benchgen_router.errors import Terminated, UsageError, first_line
+from benchgen_router.files import (
+    Query,
+    atomic_output,
+    choose_id_field,
+    choose_text_field,
+    input_format,
+    open_input,
+    read_queries,
+    text_problem,
+)
+from benchgen_router.loading import load_router
+from benchgen_router.routing import operating_point_of
+from benchgen_router.serving.replica import route_texts, set_torch_threads, token_problems
+from benchgen_router.serving.service import check_cpus, check_positive, check_router_point, start_ray
+
+logger = logging.getLogger("benchgen_router.serving")
+
+
+@dataclass
+class BulkResult:
+    """What route_file_with_ray did: queries routed, lines skipped (line, reason), picks per agent."""
+
+    routed: int
+    skipped: list[tuple[int, str]]
+    picks: Counter
+    seconds: float
+
+
+class BulkRouter:
+    """A Ray Data actor: loads the router once, then routes batches of rows at one operating point.
+
+    In: "text" (and "line", "id" passed through). Out: "result" (the result dict as JSON, empty
+    when skipped) and "problem" (why the row was skipped, empty when routed)."""
+
+    def __init__(
+        self,
+        model: str | None,
+        revision: str | None,
+        backbone: str | None,
+        threads: int,
+        text_name: str,
+        operating_point: str | None = None,
+    ) -> None:
+        set_torch_threads(threads)
+        self.router, self.tokenizer = load_router(model, revision=revision, backbone=backbone)
+        self.text_name = text_name
+        self.operating_point = operating_point_of(self.router, operating_point)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        texts = list(batch.pop("text"))
+        problems = [text_problem(text, self.text_name) for text in texts]
+        readable = [i for i, problem in enumerate(problems) if problem is None]
+        for i, problem in zip(
+            readable, token_problems(self.tokenizer, self.router.config, [texts[i] for i in readable]), strict=True
+        ):
+            if problem:
+                problems[i] = f"{self.text_name} {problem}"
+        routable = [i for i, problem in enumerate(problems) if problem is None]
+        results = [""] * len(texts)
+        outcomes = route_texts(
+            self.router, self.tokenizer, [texts[i] for i in routable], [self.operating_point] * len(routable)
+        )
+        for i, outcome in zip(routable, outcomes, strict=True):
+            if isinstance(outcome, str):
+                problems[i] = outcome
+            else:
+                results[i] = json.dumps(outcome)
+        batch["result"] = np.array(results, dtype=object)
+        batch["problem"] = np.array([problem or "" for problem in problems], dtype=object)
+        return batch
+
+
+def bulk_format(path: str, fmt: str | None) -> str:
+    if fmt:
+        return fmt
+    return "parquet" if Path(path).suffix.lower() == ".parquet" or Path(path).is_dir() else ""
+
+
+def json_value(value: Any) -> Any:
+    """An id as read from Arrow/numpy, as a plain JSON-able value."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+@contextlib.contextmanager
+def ray_for_bulk(address: str | None, num_cpus: int, progress: bool) -> Iterator[Any]:
+    """Ray Data's context for one run (rows kept in order, progress shown or not) on this process's
+    Ray, a cluster's, or a local Ray started and stopped here."""
+    _, connected = start_ray(address, num_cpus)
+    previous_handler = None
+    if threading.current_thread() is threading.main_thread():
+        # After ray.init, whose own handler aborts the process (SIGABRT and a stack dump): SIGTERM
+        # unwinds as Ctrl-C does, removing the temporary output and stopping Ray.
+        previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
+    from ray import data  # Ray Data needs pandas: imported only for bulk routing
+
+    context = data.DataContext.get_current()
+    previous_order = context.execution_options.preserve_order
+    previous = {name: getattr(context, name) for name in ("enable_progress_bars", "print_on_execution_start")}
+    context.execution_options.preserve_order = True
+    for name in previous:
+        setattr(context, name, progress)
+    try:
+        yield data
+    finally:
+        context.execution_options.preserve_order = previous_order
+        for name, value in previous.items():
+            setattr(context, name, value)
+        if connected:
+            ray.shutdown()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+
+
+def raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def route_file_with_ray(
+    input: str | os.PathLike,
+    output: str | os.PathLike,
+    model: str | None = None,
+    text_field: str | None = None,
+    id_field: str | None = None,
+    fmt: str | None = None,
+    *,
+    actors: int = 1,
+    threads: int = 1,
+    batch_size: int = 64,
+    address: str | None = None,
+    revision: str | None = None,
+    backbone: str | None = None,
+    progress: bool = False,
+    operating_point: str | None = None,
+) -> BulkResult:
+    """Route every query of a file with Ray Data; write what `benchgen-router route --input FILE --output OUT`
+    writes: one JSON line per routed query, {"line": n, "id": ... (when the input has one),
+    **pick_agent's result}, in input order (Ray Data's preserve_order), each carrying its line.
+
+    Input: JSON lines, CSV/TSV and plain text are read as the local engine reads them (the same
+    line numbers, text field / id choice and bad-line reasons: its reader runs here, on the
+    driver); Parquet (`.parquet`, a folder of them, or fmt="parquet") is read by
+    ray.data.read_parquet, "line" being the row's number (1-based, in file order). The router runs
+    in `actors` Ray actors of `threads` CPUs each, `batch_size` rows per call, each actor loading
+    it once. Bad lines are logged ("FILE line N: reason; skipped") and skipped, and so are queries
+    the router cannot read (only invisible characters). The output is written to a temporary
+    file and renamed at the end. Joins `address` or this process's Ray, else starts a local one
+    and stops it afterwards; `progress` shows Ray Data's progress. `operating_point`: for a router
+    with several heads, the one that routes (default: the router's own), checked before Ray starts.
+    """
+    for name, value in (("actors", actors), ("threads", threads), ("batch_size", batch_size)):
+        check_positive(name, value)
+    if not address and not ray.is_initialized():
+        check_cpus("actors", actors * threads)
+    check_router_point(model, revision, operating_point)
+    source = str(input)
+    started = time.perf_counter()
+    picks: Counter = Counter()
+    skipped: list[tuple[int, str]] = []
+    parquet = bulk_format(source, fmt) == "parquet"
+    with atomic_output(output, inputs=[input]) as handle:  # refuses a bad output path before any work
+        rows: list[dict[str, Any]] = []
+        ids: dict[int, Any] = {}  # kept here: ids of mixed types do not fit one Arrow column
+        if parquet:
+            if not Path(source).exists():
+                raise UsageError(f"input file not found: {source}")
+        else:
+            with open_input(source) as stream:
+                lines = list(read_queries(stream, input_format(source, fmt), text_field, id_field, source))
+            if not lines:
+                raise UsageError(f"{source} holds no lines; nothing to route.")
+            for item in lines:
+                if isinstance(item, Query):
+                    rows.append({"line": item.line, "text": item.text})
+                    if item.id is not None:
+                        ids[item.line] = item.id
+                else:
+                    skipped.append((item.line, item.reason))
+        if parquet or rows:
+            with ray_for_bulk(address, max(os.cpu_count() or 1, actors * threads), progress) as data:
+                available = ray.cluster_resources().get("CPU", 0)
+                if available < threads:
+                    raise UsageError(
+                        f"this Ray has {available:g} CPUs and each actor asks for {threads}; lower threads."
+                    )
+                if parquet:
+                    dataset, text_name, id_name = parquet_dataset(data, source, text_field, id_field)
+                else:
+                    # A few blocks per actor, so that every actor has work and results stream back.
+                    blocks = max(1, min(math.ceil(len(rows) / batch_size), 4 * actors))
+                    dataset, text_name, id_name = data.from_items(rows, override_num_blocks=blocks), "the query", None
+                with warnings.catch_warnings():
+                    # max_restarts=0 is how Ray Data's own code says to turn restarts off, though
+                    # its extra-arguments path warns of deprecation: no named parameter exists yet.
+                    warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+                    routed = dataset.map_batches(
+                        BulkRouter,
+                        batch_size=batch_size,
+                        batch_format="numpy",
+                        # Parquet is read by Ray tasks that need CPUs too: a pool that starts with
+                        # one actor and grows leaves them room (a fixed pool holding every CPU
+                        # would wait forever for rows the reads cannot produce).
+                        compute=data.ActorPoolStrategy(min_size=1 if parquet else actors, max_size=actors),
+                        num_cpus=threads,
+                        fn_constructor_kwargs={
+                            "model": model,
+                            "revision": revision,
+                            "backbone": backbone,
+                            "threads": threads,
+                            "text_name": text_name,
+                            "operating_point": operating_point,
+                        },
+                        # Ray Data keeps an actor's constructor in its object store, where a restart
+                        # could not find it once freed (Ray logs an error line at start for each
+                        # pool that allows restarts): a dead actor fails the run instead, which
+                        # writes nothing and can be rerun.
+                        max_restarts=0,
+                    )
+                for line, row_id, result, problem in routed_rows(routed, id_name):
+                    if problem:
+                        skipped.append((line, problem))
+                        continue
+                    identifier = json_value(row_id) if parquet else ids.get(line)
+                    record = {
+                        "line": line,
+                        **({"id": identifier} if identifier is not None else {}),
+                        **json.loads(result),
+                    }
+                    picks[record["picked_agent"]] += 1
+                    handle.write(json.dumps(record, default=str) + "\n")
+    skipped.sort()
+    for line, reason in skipped:
+        logger.warning("%s line %d: %s; skipped", source, line, reason)
+    return BulkResult(routed=sum(picks.values()), skipped=skipped, picks=picks, seconds=time.perf_counter() - started)
+
+
+def routed_rows(routed: Any, id_name: str | None) -> Iterator[tuple[int, Any, str, str]]:
+    """(line, id, result JSON, problem) per row, in input order. Rows without a "line" column
+    (Parquet) are numbered here, from 1, as they stream back in order."""
+    numbered = 0
+    for batch in routed.iter_batches(batch_format="numpy", batch_size=None):
+        count = len(batch["result"])
+        lines = batch["line"].tolist() if "line" in batch else range(numbered + 1, numbered + 1 + count)
+        numbered += count
+        row_ids = batch[id_name].tolist() if id_name else [None] * count
+        yield from zip(lines, row_ids, batch["result"], batch["problem"], strict=True)
+
+
+def parquet_dataset(
+    data: Any, source: str, text_field: str | None, id_field: str | None
+) -> tuple[Any, str, str | None]:
+    """(dataset with the query as "text" and the id column, how reasons name the query, the id column)."""
+    try:
+        dataset = data.read_parquet(source)
+        names = list(dataset.schema().names)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot read Parquet input {source} ({first_line(err)}).") from None
+    text_column = choose_text_field(names, text_field, source)
+    id_column = choose_id_field(names, id_field, source)
+    if id_column == text_column:
+        id_column = None
+    dataset = dataset.select_columns([text_column] + ([id_column] if id_column else []))
+    return dataset.rename_columns({text_column: "text"}), f"'{text_column}'", id_column
