@@ -11,6 +11,7 @@ import transformers
 from helpers import run_tool
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint_dtype", ["float32", "bfloat16"])
 def test_loading_peak_rss_stays_near_the_weights_size(checkpoint_dtype):
     # Qwen3-1.7B width with 2 layers and a 32k vocabulary: 0.62 GiB of float32 weights. A double

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from benchgen_router import speedups
 from benchgen_router.bench.routing import (
@@ -34,6 +35,7 @@ COLUMNS = [
 ]
 
 
+@pytest.mark.slow
 def test_smoke_run_has_every_row_and_column(tmp_path):
     """The whole benchmark end to end at hidden 64 / 2 layers, on the generated workload (so it
     does not depend on the pilot data being present)."""

@@ -128,6 +128,7 @@ def test_rewards_for_another_pool_or_split_are_refused(trained, backbone_dir, tm
     )
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table_and_exits_0(trained, backbone_dir):
     folder, files, manifest, _, _ = trained
     result = run_tool(
@@ -418,6 +419,7 @@ def test_a_call_without_cost_is_priced_from_the_pool_and_only_evaluated_tasks_ne
     check_points(stored, expected_points(by_hand(rewards, cost_files["rows"][2]), {"router": picks}))
 
 
+@pytest.mark.slow
 def test_bad_cost_input_is_one_line_and_exit_2(converted, operating_router, cost_files, tmp_path, capsys):
     calls = cost_files["rows"][2]
     single = ["--model", converted[0][0], "--rewards", cost_files["rewards"], "--tasks", cost_files["tasks"]]
@@ -460,6 +462,7 @@ def test_bad_cost_input_is_one_line_and_exit_2(converted, operating_router, cost
     assert as_a_user.returncode == 2 and as_a_user.stderr.strip() == cases[4][1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (PILOT / "rewards.v1-pilot.jsonl").exists(), reason=NO_PILOT)
 def test_default_router_on_the_pilot_data_reports_the_fixed_agents(tmp_path, capsys):
     out = tmp_path / "evaluation.json"

@@ -66,6 +66,7 @@ def test_an_unexpected_error_has_its_own_exit_code_not_1(monkeypatch, capsys):
     assert "Traceback" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_original_release_interface_works_verbatim():
     result = run_tool("router_head.py", "What is the derivative of x^3 + 2x?")
     assert result.returncode == 0, result.stderr

@@ -40,6 +40,7 @@ def route_file(tmp_path: Path, folder: Path, name: str, content: bytes, *extra: 
 # Command line, single queries (subprocesses: stdout is exactly what a shell sees)
 
 
+@pytest.mark.slow
 def test_single_query_prints_just_the_agent_id(converted):
     folder, _ = converted[0]
     result = run_tool("route", "--model", folder, QUERIES[0])
@@ -47,6 +48,7 @@ def test_single_query_prints_just_the_agent_id(converted):
     assert result.stdout == pick_agent(QUERIES[0], model=folder)["picked_agent"] + "\n"
 
 
+@pytest.mark.slow
 def test_json_prints_one_result_per_query(converted):
     folder, _ = converted[8]
     result = run_tool("route", "--model", folder, "--json", QUERIES[1], QUERIES[2])
@@ -79,6 +81,7 @@ def test_help_documents_flags_and_exit_codes():
         assert flag in result.stdout
 
 
+@pytest.mark.slow
 def test_stdin_input_with_a_blank_line_routes_the_rest_and_exits_1(converted):
     folder, _ = converted[0]
     text = f"{QUERIES[0]}\n\n{QUERIES[1]}\n"
@@ -94,6 +97,7 @@ def test_stdin_input_with_a_blank_line_routes_the_rest_and_exits_1(converted):
     assert [json.loads(line)["line"] for line in result.stdout.splitlines()] == [1, 3]
 
 
+@pytest.mark.slow
 def test_default_router_needs_no_model_flag():
     result = run_tool("route", "What is the derivative of x^3 + 2x?")
     assert result.returncode == 0, result.stderr
@@ -310,6 +314,7 @@ def test_unloadable_model_is_exit_2(tmp_path, capsys):
 # Interruption: a real SIGINT to a real run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
 )
@@ -425,6 +430,7 @@ def test_an_output_link_is_written_through_and_kept(converted, tmp_path):
     assert link.is_symlink() and [json.loads(line)["line"] for line in real.read_text().splitlines()] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_dev_stdout_is_a_stream_not_replaced(converted, tmp_path):
     folder, _ = converted[0]
     source = tmp_path / "q.txt"
@@ -435,6 +441,7 @@ def test_dev_stdout_is_a_stream_not_replaced(converted, tmp_path):
     assert os.path.islink("/dev/stdout")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", ["route", "evaluate"])
 def test_an_unwritable_output_fails_before_any_work(converted, tmp_path, tool):
     folder, _ = converted[0]
@@ -474,6 +481,7 @@ def test_a_line_that_tokenizes_to_nothing_is_skipped_and_the_rest_routed(tmp_pat
     assert "error: query 1, 3 tokenizes to nothing" in capsys.readouterr().err  # numbered as files are
 
 
+@pytest.mark.slow
 def test_results_stream_out_before_the_whole_file_is_routed(converted, tmp_path):
     """`route --input big.txt | head -1`: the first pick comes while the rest is still being routed."""
     folder, _ = converted[0]
@@ -497,6 +505,7 @@ def test_results_stream_out_before_the_whole_file_is_routed(converted, tmp_path)
         process.kill()
 
 
+@pytest.mark.slow
 def test_operating_point_flag_routes_with_that_head_and_a_wrong_one_is_exit_2(operating_router, tmp_path):
     folder, _ = operating_router
     result = run_tool("route", "--model", folder, "--operating-point", "fast", "--json", QUERIES[3])

