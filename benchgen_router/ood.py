@@ -10,8 +10,7 @@ Approximating Shrinkage by default, Ledoit-Wolf on request), stored as its preci
 A query's score is the squared Mahalanobis distance of its unit embedding to the mean; it is flagged when the score
 exceeds a threshold calibrated on held-out in-distribution embeddings so that a stated share
 (default 95%) of in-distribution queries is kept (conformal rule, see conformal_threshold()).
-A cosine k-nearest-neighbour score is here too (knn_cosine_scores()) because it was measured
-against the Mahalanobis score; docs/ood-guard.md gives the comparison and the choice.
+docs/ood-guard.md compares it with other scores (scripts/mahalanobis_study.py) and gives the choice.
 
 Everything here is numpy. The statistics are stored as safetensors (never pickle): tensors
 ood_mean (D,) float32, ood_precision (D, D) float32, ood_threshold () float32, and string metadata.
@@ -124,17 +123,6 @@ def mahalanobis_scores(embeddings: np.ndarray, mean: np.ndarray, precision: np.n
     """Squared Mahalanobis distance of each row to the mean: (x - mean)^T P (x - mean), float64."""
     diff = _as_matrix(embeddings, "embeddings") - np.asarray(mean, dtype=np.float64)
     return np.einsum("nd,nd->n", diff @ np.asarray(precision, dtype=np.float64), diff)
-
-
-def knn_cosine_scores(reference: np.ndarray, embeddings: np.ndarray, k: int = 5) -> np.ndarray:
-    """Mean cosine distance (1 - cosine similarity) of each row to its k nearest reference rows."""
-    ref = unit_rows(reference)
-    queries = unit_rows(embeddings)
-    if not 1 <= k <= len(ref):
-        raise UsageError(f"k must lie between 1 and the {len(ref)} reference embeddings; got {k}.")
-    distances = 1.0 - queries @ ref.T
-    nearest = np.partition(distances, k - 1, axis=1)[:, :k]
-    return nearest.mean(axis=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,24 +353,6 @@ def fit_discriminative_guard(
     )
 
 
-def fit_guard_split(
-    embeddings: np.ndarray,
-    keep_share: float = DEFAULT_KEEP_SHARE,
-    calibration_share: float = 0.3,
-    seed: int = 0,
-    shrinkage: str = "oas",
-    metadata: Mapping[str, str] | None = None,
-) -> OODGuard:
-    """fit_guard() on a seeded split of one set of in-distribution embeddings: calibration_share of the
-    rows calibrate, the rest fit."""
-    if not 0.0 < calibration_share < 1.0:
-        raise UsageError(f"calibration share must lie strictly between 0 and 1; got {calibration_share}.")
-    rows = _as_matrix(embeddings, "embeddings")
-    fit_rows, calibration_rows = split_indices(len(rows), (1.0 - calibration_share, calibration_share), seed)
-    info = {"split_seed": str(seed), "calibration_share": f"{calibration_share}", **(metadata or {})}
-    return fit_guard(rows[fit_rows], rows[calibration_rows], keep_share, shrinkage, info)
-
-
 # ---------------------------------------------------------------------------------------------
 # Storage
 
@@ -499,108 +469,6 @@ def load_guard(path: str | Path, embedding_dim: int | None = None) -> OODGuard:
     except Exception as err:  # safetensors and zipfile raise their own types for damaged files
         raise UsageError(f"OOD statistics {source} cannot be read ({first_line(err)}); re-save them.") from None
     return guard_from_tensors(tensors, metadata, str(source), embedding_dim)
-
-
-# ---------------------------------------------------------------------------------------------
-# Comparing scores on repeated splits (how docs/ood-guard.md was measured)
-
-SCORE_METHODS = ("mahalanobis", "mahalanobis_lw", "mahalanobis_raw", "knn1", "knn5", "knn10")
-
-
-def make_scorer(method: str, fit_embeddings: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """A score function fitted on in-distribution rows (higher = further out). 'mahalanobis' is the
-    guard's score (unit rows, OAS); 'mahalanobis_lw' the same with Ledoit-Wolf; 'mahalanobis_raw'
-    skips the unit scaling; 'knnK' is knn_cosine_scores() with k = K against the fit rows."""
-    if method.startswith("knn") and method[3:].isdigit():
-        reference, k = unit_rows(fit_embeddings), int(method[3:])
-        return lambda rows: knn_cosine_scores(reference, rows, k)
-    if method not in ("mahalanobis", "mahalanobis_lw", "mahalanobis_raw"):
-        raise UsageError(f"unknown score method '{method}'; use one of {', '.join(SCORE_METHODS)} (any knnK).")
-    prepare = _as_matrix if method == "mahalanobis_raw" else (lambda rows, what="": unit_rows(rows))
-    fit = prepare(fit_embeddings, "fit embeddings")
-    covariance, _ = shrunk_covariance(fit, "ledoit_wolf" if method == "mahalanobis_lw" else "oas")
-    mean, precision = fit.mean(axis=0), precision_from_covariance(covariance)
-    return lambda rows: mahalanobis_scores(prepare(rows, "embeddings"), mean, precision)
-
-
-@dataclass
-class SplitEvaluation:
-    """Per split (one entry per seed): the share of test in-distribution rows kept, and per OOD group
-    the AUROC against those rows and the share flagged at the calibrated threshold."""
-
-    kept: np.ndarray
-    thresholds: np.ndarray
-    auroc: dict[str, np.ndarray]
-    flagged: dict[str, np.ndarray]
-    rewritten_kept: np.ndarray | None = None
-
-
-def evaluate_splits(
-    id_embeddings: np.ndarray,
-    ood_embeddings: np.ndarray,
-    ood_groups: Sequence[str],
-    method: str = "mahalanobis",
-    seeds: Sequence[int] = tuple(range(20)),
-    shares: tuple[float, float, float] = (0.6, 0.2, 0.2),
-    keep_share: float = DEFAULT_KEEP_SHARE,
-    rewritten_embeddings: np.ndarray | None = None,
-) -> SplitEvaluation:
-    """For each seed: split the in-distribution rows into fit / calibration / test parts (shares),
-    fit the score on the first, calibrate the threshold on the second (conformal_threshold()), and
-    measure on the third and on every OOD group. rewritten_embeddings, when given, are the same
-    in-distribution prompts written another way (row for row); their test rows' kept share is kept too."""
-    groups = np.asarray(ood_groups)
-    if len(groups) != len(ood_embeddings):
-        raise UsageError(f"{len(ood_embeddings)} OOD embeddings but {len(groups)} group names; give one per row.")
-    names = list(dict.fromkeys(groups.tolist()))
-    kept, thresholds, rewritten_kept = [], [], []
-    auroc_by_group: dict[str, list[float]] = {name: [] for name in names}
-    flagged_by_group: dict[str, list[float]] = {name: [] for name in names}
-    for seed in seeds:
-        fit_rows, calibration_rows, test_rows = split_indices(len(id_embeddings), shares, seed)
-        score = make_scorer(method, id_embeddings[fit_rows])
-        threshold = conformal_threshold(score(id_embeddings[calibration_rows]), keep_share)
-        test_scores, ood_scores = score(id_embeddings[test_rows]), score(ood_embeddings)
-        kept.append(float(np.mean(test_scores <= threshold)))
-        thresholds.append(threshold)
-        if rewritten_embeddings is not None:
-            rewritten_kept.append(float(np.mean(score(rewritten_embeddings[test_rows]) <= threshold)))
-        for name in names:
-            group_scores = ood_scores[groups == name]
-            auroc_by_group[name].append(auroc(test_scores, group_scores))
-            flagged_by_group[name].append(float(np.mean(group_scores > threshold)))
-    return SplitEvaluation(
-        kept=np.array(kept),
-        thresholds=np.array(thresholds),
-        auroc={name: np.array(values) for name, values in auroc_by_group.items()},
-        flagged={name: np.array(values) for name, values in flagged_by_group.items()},
-        rewritten_kept=np.array(rewritten_kept) if rewritten_embeddings is not None else None,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# The question inside the pilot's answer-format wrapper (for content pooling, a measured remedy)
-
-
-# Every pilot prompt (tasks.v1.jsonl) is a label, the question, a blank line and one of these
-# instruction paragraphs. Mean pooling over the whole prompt is dominated by the wrapper, so a foreign
-# or off-domain question inside it looks in-distribution; pooling only the question's tokens does not
-# (docs/ood-guard.md). Only these exact strings are removed: a user's own last paragraph stays.
-def content_span(text: str) -> tuple[int, int]:
-    """(start, end) character offsets of the question inside a known answer-format wrapper: after a
-    known label, before a known final paragraph (preceded by a blank line); (0, len) without either,
-    and never an empty span."""
-    from benchgen_router.forms import INSTRUCTIONS, LABELS
-
-    end = len(text.rstrip())
-    for paragraph in INSTRUCTIONS:
-        if text[:end].endswith("\n\n" + paragraph):
-            end = len(text[: end - len(paragraph)].rstrip())
-            break
-    start = next((len(label) for label in LABELS if text.startswith(label)), 0)
-    if not text[start:end].strip():  # only a wrapper: keep everything rather than nothing
-        return 0, len(text.rstrip())
-    return start, end
 
 
 # ---------------------------------------------------------------------------------------------

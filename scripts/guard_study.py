@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from mahalanobis_study import knn_cosine_scores
 
 from benchgen_router import ood
 from benchgen_router.embeddings import default_cache_dir, embed_prompts
@@ -89,7 +90,7 @@ def main() -> None:
     methods = {
         "mahalanobis, prompts as given (the previous guard)": ("given", lambda i, o: distance_scorer(i)),
         "mahalanobis, canonical views": ("views", lambda i, o: distance_scorer(i)),
-        "knn5 cosine, canonical views": ("views", lambda i, o: lambda rows: ood.knn_cosine_scores(i, rows, 5)),
+        "knn5 cosine, canonical views": ("views", lambda i, o: lambda rows: knn_cosine_scores(i, rows, 5)),
         "logistic, embedding only": ("views", lambda i, o: logistic_scorer(i, o, False)),
         "logistic, embedding + distance (shipped)": ("views", lambda i, o: logistic_scorer(i, o, True)),
         "MLP 64, embedding + distance": ("views", lambda i, o: mlp_scorer(i, o)),

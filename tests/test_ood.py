@@ -1,17 +1,11 @@
 """The out-of-distribution guard (benchgen_router/ood.py): statistics, the conformal threshold, AUROC,
 storage and its validation, the fallback agent, and the default backbone's guard on the pilot prompts.
-
-Run as a script to print the measured tables of docs/ood-guard.md (from the project root):
-
-    python tests/test_ood.py --report            # 100 seeded splits; add --seeds N for fewer
-"""
+(scripts/mahalanobis_study.py prints the comparison tables of docs/ood-guard.md.)"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchgen_router import forms, ood, routing
+from benchgen_router import ood, routing
 from benchgen_router.convert import convert_release as convert_release_api
 from benchgen_router.errors import UsageError
 from benchgen_router.files import read_jsonl
@@ -165,18 +159,6 @@ def test_ledoit_wolf_matches_scikit_learn():
     theirs, their_weight = covariance_module.ledoit_wolf(rows)
     assert weight == pytest.approx(their_weight, rel=1e-9)
     assert np.abs(ours - theirs).max() <= 1e-9 * np.abs(theirs).max()
-
-
-def test_knn_cosine_scores_rank_by_angle():
-    reference = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, -0.1]])
-    queries = np.array([[3.0, 0.0], [-1.0, 0.0], [1.0, 1.0]])
-    scores = ood.knn_cosine_scores(reference, queries, k=1)
-    assert scores[0] == pytest.approx(0.0) and scores[1] == pytest.approx(1.0)  # nearest: (0, 1)
-    assert scores[2] == pytest.approx(1 - math.sqrt(0.5))
-    far = ood.knn_cosine_scores(reference, np.array([[-1.0, -0.01]]), k=3)[0]  # all three lie beyond 90 degrees
-    assert far == pytest.approx(np.mean(1 - ood.unit_rows(reference) @ ood.unit_rows(np.array([[-1.0, -0.01]]))[0]))
-    with pytest.raises(UsageError, match="k must lie"):
-        ood.knn_cosine_scores(reference, queries, k=4)
 
 
 def test_torch_snippet_matches_numpy(synthetic):
@@ -364,30 +346,6 @@ def test_bad_files_of_other_kinds_are_refused(tmp_path, good_tensors):
         with pytest.raises(UsageError, match=message) as caught:
             ood.load_guard(path)
         assert "\n" not in str(caught.value), path
-
-
-def test_content_span_removes_only_the_known_wrapper():
-    question = "Which spice gives paella its yellow colour?"
-    for paragraph in forms.INSTRUCTIONS:
-        for label in forms.LABELS:
-            wrapped = f"{label}{question}\n\n{paragraph}\n"
-            start, end = ood.content_span(wrapped)
-            assert wrapped[start:end] == question
-    own_paragraphs = "Plan my week.\n\nGive the final answer in the form of a table."
-    assert ood.content_span(own_paragraphs) == (0, len(own_paragraphs))  # not a known paragraph: kept
-    same_line = f"{question} {forms.INSTRUCTIONS[1]}"  # no blank line before it: not the wrapper
-    assert ood.content_span(same_line) == (0, len(same_line))
-    assert ood.content_span("Question: ") == (0, len("Question:"))  # only a wrapper: nothing is removed
-    label_only = "Problem: Find x."
-    assert label_only[slice(*ood.content_span(label_only))] == "Find x."
-
-
-@needs_pilot
-def test_every_pilot_prompt_has_a_known_wrapper():
-    for task in read_jsonl(PILOT / "tasks.v1.jsonl", "tasks"):
-        prompt = task["prompt"]
-        start, end = ood.content_span(prompt)
-        assert start > 0 and prompt[end:].strip() in forms.INSTRUCTIONS, task["task_id"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,7 +613,8 @@ def test_default_guard_keeps_held_out_pilot_prompts_and_flags_plain_ood(real):
     pilot, outside, groups = real["pilot"], real["ood"], np.array(real["groups"])
     # the shipped recipe on 80% of the prompts (70/30 fit/calibration), measured on the other 20%
     known, unseen = ood.split_indices(len(pilot), (0.8, 0.2), seed=1)
-    guard = ood.fit_guard_split(pilot[known], KEEP)
+    fit_rows, calibration_rows = ood.split_indices(len(known), (0.7, 0.3), seed=0)
+    guard = ood.fit_guard(pilot[known][fit_rows], pilot[known][calibration_rows], KEEP)
     calibration_size = int(guard.metadata["n_calibration"])
     slack = 3 * math.sqrt(KEEP * (1 - KEEP) * (1 / len(unseen) + 1 / calibration_size))
     kept = 1.0 - guard.flags(pilot[unseen]).mean()
@@ -665,160 +624,16 @@ def test_default_guard_keeps_held_out_pilot_prompts_and_flags_plain_ood(real):
         assert flagged[groups == group].mean() >= 0.8, f"{group}: flagged {flagged[groups == group].mean():.2f}"
     assert flagged[np.isin(groups, PLAIN_GROUPS)].mean() >= 0.95
     # repeated 60/20/20 splits: the kept share averages the conformal level, and plain groups stay flagged
-    evaluation = ood.evaluate_splits(pilot, outside, groups, seeds=range(10))
-    assert abs(evaluation.kept.mean() - KEEP) <= 0.025, evaluation.kept
-    assert np.mean([evaluation.flagged[group].mean() for group in PLAIN_GROUPS]) >= 0.95
-    assert min(evaluation.auroc[group].mean() for group in PLAIN_GROUPS) >= 0.95
-
-
-# ---------------------------------------------------------------------------------------------
-# The tables of docs/ood-guard.md
-
-
-def _mean_cost_per_query(score, rows: np.ndarray, repeats: int = 5) -> float:
-    timings = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        score(rows)
-        timings.append(time.perf_counter() - started)
-    return float(np.median(timings)) / len(rows)
-
-
-def question_only(text: str) -> str:
-    start, end = ood.content_span(text)
-    return text[start:end]
-
-
-def question_pooled_embeddings(model, tokenizer, texts: list[str], batch_size: int = 16) -> np.ndarray:
-    """Mean of the backbone's last hidden states over the tokens of the question only (content_span()),
-    in the same pass as the whole prompt: the wrapper still gives context but is not averaged in.
-    BERT-style (unpacked) backbones only, as the default router's."""
-    import torch
-
-    pooled = np.zeros((len(texts), model.config.embedding_dim), dtype=np.float32)
-    order = np.argsort([len(text) for text in texts], kind="stable")
-    with torch.inference_mode():
-        for first in range(0, len(texts), batch_size):
-            rows = order[first : first + batch_size]
-            encoded = tokenizer(
-                [texts[row] for row in rows],
-                truncation=True,
-                max_length=model.config.truncation_length,
-                padding=True,
-                return_offsets_mapping=True,
-                return_tensors="pt",
-            )
-            offsets = encoded.pop("offset_mapping")
-            hidden = model.backbone(**encoded).last_hidden_state.float()
-            for position, row in enumerate(rows):
-                start, end = ood.content_span(texts[row])
-                # special tokens have empty (0, 0) offsets and fall outside every span
-                inside = (encoded["attention_mask"][position] == 1) & (offsets[position, :, 1] > start)
-                inside &= offsets[position, :, 0] < end
-                pooled[row] = hidden[position][inside].mean(dim=0).numpy()
-    return pooled
-
-
-def _print_method_row(label: str, ev: ood.SplitEvaluation, stored: str, cost: str) -> None:
-    plain = [ev.flagged[group].mean() for group in PLAIN_GROUPS]
-    hard = " | ".join(f"{ev.flagged[g].mean():.3f} ({ev.auroc[g].mean():.3f})" for g in HARD_GROUPS)
-    reworded = f"{ev.rewritten_kept.mean():.3f}" if ev.rewritten_kept is not None else "="
-    print(
-        f"| {label} | {ev.kept.mean():.3f} / {ev.kept.min():.3f} | {np.mean(plain):.3f} / {min(plain):.3f} | "
-        f"{hard} | {reworded} | {stored} | {cost} |"
-    )
-
-
-def _print_group_table(label: str, ev: ood.SplitEvaluation, groups: list[str]) -> None:
-    quantiles = np.percentile(ev.kept, [5, 50, 95]).round(3).tolist()
-    print(f"\n{label}: kept share over the splits: 5/50/95% quantiles {quantiles}, sd {ev.kept.std():.3f}\n")
-    print("| group | queries | AUROC mean (min) | flagged mean (min) |\n|---|---|---|---|")
-    for name in dict.fromkeys(groups):
-        print(
-            f"| {name} | {groups.count(name)} | {ev.auroc[name].mean():.3f} ({ev.auroc[name].min():.3f}) | "
-            f"{ev.flagged[name].mean():.3f} ({ev.flagged[name].min():.3f}) |"
-        )
-
-
-def report(seeds: int) -> None:
-    data = embed_everything()
-    pilot, outside, groups, tasks = data["pilot"], data["ood"], data["groups"], data["tasks"]
-    print(f"embedded {len(pilot)} pilot prompts in {data['pilot_seconds']:.1f} s")
-    prompts = [task["prompt"] for task in tasks]
-    queries, _ = read_ood_queries()
-    model, tokenizer = load_router(None)
-    _, pilot_questions = run_router(model, tokenizer, [question_only(prompt) for prompt in prompts])
-    _, ood_questions = run_router(model, tokenizer, [question_only(query) for query in queries])
-    pooled_pilot = question_pooled_embeddings(model, tokenizer, prompts)
-    pooled_ood = question_pooled_embeddings(model, tokenizer, queries)
-    pooled_pilot_questions = question_pooled_embeddings(model, tokenizer, [question_only(p) for p in prompts])
-
-    splits = range(seeds)
-    dim = pilot.shape[1]
-    fit_rows = ood.split_indices(len(pilot), (0.6, 0.2, 0.2), 0)[0]
-    print(f"\n{seeds} seeded splits 60/20/20 (fit/calibration/test), keep share {KEEP}; hard groups: flagged (AUROC)\n")
-    print(
-        "| method | kept (mean / min) | plain flagged (mean / worst group) | "
-        + " | ".join(HARD_GROUPS)
-        + " | pilot questions without wrapper kept | stored bytes (float32) | score µs/query |"
-    )
-    print("|" + "---|" * (7 + len(HARD_GROUPS)))
-    evaluations = {}
-    for method in ("mahalanobis", "mahalanobis_lw", "mahalanobis_raw", "knn1", "knn5", "knn10"):
-        ev = ood.evaluate_splits(pilot, outside, groups, method, splits, rewritten_embeddings=pilot_questions)
-        evaluations[method] = ev
-        stored = 4 * (len(fit_rows) * dim + 1) if method.startswith("knn") else 4 * (dim + dim * dim + 1)
-        cost = _mean_cost_per_query(ood.make_scorer(method, pilot[fit_rows]), np.tile(pilot, (2, 1)))
-        _print_method_row(method, ev, f"{stored:,}", f"{cost * 1e6:.1f}")
-    pooled = ood.evaluate_splits(
-        pooled_pilot, pooled_ood, groups, "mahalanobis", splits, rewritten_embeddings=pooled_pilot_questions
-    )
-    _print_method_row("mahalanobis, question tokens pooled (same pass)", pooled, "same", "same + pooling")
-    second = ood.evaluate_splits(pilot_questions, ood_questions, groups, "mahalanobis", splits)
-    _print_method_row("mahalanobis, question text embedded (second pass)", second, "same", "same + a backbone pass")
-
-    _print_group_table(
-        "chosen: mahalanobis (unit rows, OAS) of the router's embedding", evaluations["mahalanobis"], groups
-    )
-    _print_group_table("remedy: the same on question tokens pooled", pooled, groups)
-
-    shipped = ood.fit_guard_split(pilot, KEEP)
-    print(
-        f"\nguard on all {len(pilot)} prompts (fit_guard_split, seed 0): threshold {shipped.threshold:.4f}, "
-        f"OAS weight {shipped.metadata['shrinkage_weight']}, n_fit {shipped.metadata['n_fit']}, "
-        f"n_calibration {shipped.metadata['n_calibration']}, flags {shipped.flags(outside).mean():.3f} of the OOD set"
-    )
-    agent_names = list(model.config.id2label.values())
-    plain = np.isin(groups, PLAIN_GROUPS)
-    for label, picks in (("pilot prompts", data["pilot_picks"]), ("plain OOD queries", data["ood_picks"][plain])):
-        counts = np.bincount(picks, minlength=len(agent_names)).tolist()
-        print(f"router's picks on the {len(picks)} {label}: {dict(zip(agent_names, counts, strict=True))}")
-
-    rewards = read_jsonl(PILOT / "rewards.jsonl", "rewards")
-    agents = rewards[0]["agent_order"]
-    train = [row for row in rewards if row["split"] != "test"]
-    train_ids = {row["task_id"] for row in train}
-    table = np.array([row["mean_reward"] for row in train])
-    calls = [
-        call
-        for row in read_jsonl(PILOT / "rewards.v1-pilot.jsonl", "pilot calls")
-        if row["task_id"] in train_ids
-        for call in row["calls"]
-    ]
-    costs = np.array([np.mean([call["cost_usd"] for call in calls if call["agent"] == agent]) for agent in agents])
-    print(f"\nfallback on the {len(train)} training rows (split != test):")
-    for agent, reward, cost in zip(agents, table.mean(0), costs, strict=True):
-        print(f"  {agent}: mean reward {reward:.4f}, mean cost per call {cost * 1e6:.1f} µUSD")
-    print(f"  best fixed agent: {agents[ood.fallback_agent(table)]}")
-    for tolerance in (0.0, 0.02, 0.05, 0.1):
-        print(f"  cheapest within {tolerance}: {agents[ood.fallback_agent(table, costs, tolerance)]}")
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Print the measured tables of docs/ood-guard.md.")
-    parser.add_argument("--report", action="store_true", required=True)
-    parser.add_argument("--seeds", type=int, default=100)
-    arguments = parser.parse_args()
-    if not (PILOT / "tasks.v1.jsonl").exists():
-        sys.exit(f"pilot data not found at {PILOT}")
-    report(arguments.seeds)
+    kept, flagged_by_group, auroc_by_group = [], {g: [] for g in PLAIN_GROUPS}, {g: [] for g in PLAIN_GROUPS}
+    for seed in range(10):
+        fit_rows, calibration_rows, test_rows = ood.split_indices(len(pilot), (0.6, 0.2, 0.2), seed)
+        split_guard = ood.fit_guard(pilot[fit_rows], pilot[calibration_rows], KEEP)
+        test_scores = split_guard.scores(pilot[test_rows])
+        kept.append(float(np.mean(test_scores <= split_guard.threshold)))
+        for group in PLAIN_GROUPS:
+            group_scores = split_guard.scores(outside[groups == group])
+            flagged_by_group[group].append(float(np.mean(group_scores > split_guard.threshold)))
+            auroc_by_group[group].append(ood.auroc(test_scores, group_scores))
+    assert abs(np.mean(kept) - KEEP) <= 0.025, kept
+    assert np.mean([np.mean(shares) for shares in flagged_by_group.values()]) >= 0.95
+    assert min(np.mean(values) for values in auroc_by_group.values()) >= 0.95
