@@ -19,7 +19,7 @@ ood_mean (D,) float32, ood_precision (D, D) float32, ood_threshold () float32, a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED = PROJECT_ROOT.parent / "shared"
@@ -78,6 +77,7 @@ def build_backbone(
     folder: Path, tokenizer_dir: Path, hidden_size: int = 32, layers: int = 2, seed: int = 0, **overrides
 ) -> Path:
     """A tiny random Qwen3Model saved with the tokenizer, like a backbone repo on the Hub."""
+    import torch
     from transformers import Qwen3Config, Qwen3Model
 
     settings = {

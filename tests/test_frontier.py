@@ -14,7 +14,7 @@ from benchgen_router.costs import CostData, load_cost_data
 from benchgen_router.errors import UsageError
 from benchgen_router.head import head_picks
 from benchgen_router.training import search_head
-from helpers import PILOT
+from helpers import PILOT, cli, run_tool
 
 FAST = {"generations": 15, "seed": 3}
 needs_pilot = pytest.mark.skipif(
@@ -369,34 +369,33 @@ def _pilot_like_files(folder, rows: int = 12):
 def test_analysis_command_end_to_end(backbone_dir, tmp_path, capsys):
     rewards, tasks, calls = _pilot_like_files(tmp_path)
     common = ["--rewards", str(rewards), "--tasks", str(tasks), "--calls", str(calls), "--backbone", str(backbone_dir)]
-    code = fr.main(
-        [
-            *common,
-            "--grid",
-            "0,1",
-            "--folds",
-            "2",
-            "--repeats",
-            "1",
-            "--generations",
-            "3",
-            "--knn",
-            "1",
-            "--target-eps",
-            "0.5",
-            "--outer-repeats",
-            "1",
-            "--inner-repeats",
-            "1",
-            "--json",
-            str(tmp_path / "f.json"),
-            "--plots",
-            str(tmp_path / "f"),
-            "--plot-knn",
-            "1",
-            "--target-box",
-            "0.01,0.6,0.4",
-        ]
+    code = cli(
+        "frontier",
+        *common,
+        "--grid",
+        "0,1",
+        "--folds",
+        "2",
+        "--repeats",
+        "1",
+        "--generations",
+        "3",
+        "--knn",
+        "1",
+        "--target-eps",
+        "0.5",
+        "--outer-repeats",
+        "1",
+        "--inner-repeats",
+        "1",
+        "--json",
+        str(tmp_path / "f.json"),
+        "--plots",
+        str(tmp_path / "f"),
+        "--plot-knn",
+        "1",
+        "--target-box",
+        "0.01,0.6,0.4",
     )
     out = capsys.readouterr().out
     assert code == 0
@@ -407,7 +406,7 @@ def test_analysis_command_end_to_end(backbone_dir, tmp_path, capsys):
 
     lines = calls.read_text().splitlines()
     calls.write_text("\n".join(lines[:-1]) + "\n")
-    assert fr.main([*common, "--repeats", "1", "--folds", "2"]) == 2
+    assert cli("frontier", *common, "--repeats", "1", "--folds", "2") == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: 1 labelled tasks have no row in the calls file") and "\n" not in err
 
@@ -476,3 +475,8 @@ def test_agents_of_one_cost_have_no_area_and_the_table_says_so():
     assert fr.format_frontier(result).splitlines()[-1] == (
         "AIQ: none (every fixed agent costs 0.1000 USD/1k, so there is no cost range)"
     )
+
+
+def test_the_module_entry_point_is_the_same_command():
+    result = run_tool("benchgen_router.frontier", "--help")
+    assert result.returncode == 0 and "--target-eps" in result.stdout and "Exit codes" in result.stdout

@@ -6,6 +6,7 @@
     benchgen-router convert --manifest manifest.json --weights head_weights.npy --output-dir router/
     benchgen-router bench --layers 4 --queries 16
     benchgen-router serve --model router/ --port 8000
+    benchgen-router frontier --rewards rewards.jsonl --tasks tasks.jsonl --calls calls.jsonl
 
 Arguments are checked before torch or transformers are imported, so bad usage is reported at once.
 """
@@ -27,6 +28,7 @@ COMMANDS = {
     "convert": "convert",
     "bench": "bench",
     "serve": "serve",
+    "frontier": "frontier",
 }
 
 
