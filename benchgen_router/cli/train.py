@@ -56,14 +56,9 @@ cma_population_size, device, output_dir); options given on the command line win 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from benchgen_router import ood as ood_defaults
 from benchgen_router.cli.common import (
@@ -73,16 +68,14 @@ from benchgen_router.cli.common import (
     positive_int,
     read_card_note,
 )
-from benchgen_router.data import DEFAULT_TEST_SPLIT
-from benchgen_router.head import OPERATING_HEADS_FILE
-from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH
 from benchgen_router.ood import group_lines
+from benchgen_router.trainer import DEFAULT_BACKBONE, train_defaults
 from benchgen_router.training import CMA_LIBRARIES, DEFAULT_CMA_LIBRARY, MIN_POPSIZE
 
 logger = logging.getLogger("benchgen_router")
 
 HELP = "train a router head with separable CMA-ES on a reward matrix"
-DEFAULT_BACKBONE = "Qwen/Qwen3-1.7B"
+DEFAULTS = train_defaults()  # the library's, so that the flags and TrainConfig never disagree
 # Reference trainer config key -> (option dest, type).
 CONFIG_KEYS: dict[str, tuple[str, type]] = {
     "model_id": ("model_id", str),
@@ -111,18 +104,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--rewards", help="rewards: local JSONL file or Hub dataset id (e.g. benchgen/router-pilot)")
     data.add_argument("--tasks", help="task prompts: local JSONL file or Hub dataset id (benchgen/router-pilot-tasks)")
     data.add_argument("--rewards-id", help="what the manifest records as rewards_dataset (default: --rewards)")
-    data.add_argument("--test-split", default=DEFAULT_TEST_SPLIT, help="task split held out (default: test)")
+    data.add_argument("--test-split", default=DEFAULTS["test_split"], help="task split held out (default: %(default)s)")
     data.add_argument(
         "--cv-folds",
         type=non_negative_int,
-        default=5,
-        help="k of the k-fold cross-validation over all labelled rows; 0 skips it (default: 5)",
+        default=DEFAULTS["cv_folds"],
+        help="k of the k-fold cross-validation over all labelled rows; 0 skips it (default: %(default)s)",
     )
 
     model = parser.add_argument_group("backbone and head")
     model.add_argument(
         "--backbone",
-        default=DEFAULT_BACKBONE,
+        default=DEFAULTS["backbone"],
         help=f"backbone to embed with: Hub id or local folder (default: {DEFAULT_BACKBONE})",
     )
     model.add_argument(
@@ -134,19 +127,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--head-hidden-dim",
         type=non_negative_int,
-        default=0,
+        default=DEFAULTS["head_hidden_dim"],
         help="0: linear head (default); H: tanh MLP with H hidden units",
     )
     model.add_argument(
         "--truncation-length",
         type=positive_int,
-        default=DEFAULT_TRUNCATION_LENGTH,
-        help="tokens kept per prompt, capped by the backbone's position limit (default: 1024)",
+        default=DEFAULTS["truncation_length"],
+        help="tokens kept per prompt, capped by the backbone's position limit (default: %(default)s)",
     )
-    model.add_argument("--device", default="cpu", help="torch device for the backbone (default: cpu)")
+    model.add_argument(
+        "--device", default=DEFAULTS["device"], help="torch device for the backbone (default: %(default)s)"
+    )
     model.add_argument(
         "--dtype",
-        default="float32",
+        default=DEFAULTS["dtype"],
         choices=["float32", "bfloat16", "float16"],
         help="backbone dtype while embedding (default: float32, as the reference)",
     )
@@ -160,10 +155,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
 
     search = parser.add_argument_group("search (separable CMA-ES)")
-    search.add_argument("--sigma0", type=float, default=0.5, help="initial step size (default: 0.5)")
-    search.add_argument("--generations", type=int, default=60, help="generations (default: 60)")
     search.add_argument(
-        "--seed", type=int, default=42, help="seed of the search, the folds and any random split (default: 42)"
+        "--sigma0", type=float, default=DEFAULTS["sigma0"], help="initial step size (default: %(default)s)"
+    )
+    search.add_argument(
+        "--generations", type=int, default=DEFAULTS["generations"], help="generations (default: %(default)s)"
+    )
+    search.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULTS["seed"],
+        help="seed of the search, the folds and any random split (default: %(default)s)",
     )
     search.add_argument(
         "--popsize",
@@ -173,7 +175,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     search.add_argument(
         "--cma-library",
         choices=CMA_LIBRARIES,
-        default=DEFAULT_CMA_LIBRARY,
+        default=DEFAULTS["cma_library"],
         help=f"pycma with CMA_diagonal=True, or cmaes.SepCMA (default: {DEFAULT_CMA_LIBRARY})",
     )
 
@@ -186,7 +188,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     search.add_argument(
         "--shrink",
         type=float,
-        default=0.0,
+        default=DEFAULTS["shrink"],
         help="pull the fitness toward the agent best on average: (1 - s) U + s (column means of U) (default: 0)",
     )
 
@@ -209,15 +211,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="choose the default: the cheapest point within EPS of the best fixed agent's CV reward",
     )
     value.add_argument(
-        "--cv-repeats", type=positive_int, default=10, help="repeats of the cost/latency CV (default: 10)"
+        "--cv-repeats",
+        type=positive_int,
+        default=DEFAULTS["cv_repeats"],
+        help="repeats of the cost/latency CV (default: %(default)s)",
     )
-    value.add_argument("--cv-seed", type=int, default=0, help="seed of the cost/latency CV folds (default: 0)")
+    value.add_argument(
+        "--cv-seed",
+        type=int,
+        default=DEFAULTS["cv_seed"],
+        help="seed of the cost/latency CV folds (default: %(default)s)",
+    )
 
     forms = parser.add_argument_group("query forms")
     forms.add_argument(
         "--query-format",
         choices=("pilot", "none"),
-        default="pilot",
+        default=DEFAULTS["query_format"],
         help="canonicalise queries before embedding, in training and in the exported router's every entry "
         "point: 'pilot' drops the pilot's answer-format instructions and labels, so a plain question and its "
         "benchmark-formatted prompt get one decision; 'none' embeds them as given, as the reference does "
@@ -229,7 +239,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     guard.add_argument(
         "--ood-method",
         choices=("discriminative", "mahalanobis"),
-        default="discriminative",
+        default=DEFAULTS["ood_method"],
         help="discriminative: a logistic score of the embedding and its Mahalanobis distance, fitted on the "
         "task prompts and --ood-inside questions against --ood-outside queries; mahalanobis: the distance "
         "alone, fitted on the task prompts (default: discriminative)",
@@ -237,13 +247,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     guard.add_argument(
         "--ood-keep-share",
         type=float,
-        default=0.95,
-        help="share of in-distribution queries the guard keeps (calibrated on held-out prompts; default: 0.95)",
+        default=DEFAULTS["ood_keep_share"],
+        help="share of in-distribution queries the guard keeps (calibrated on held-out prompts; default: %(default)s)",
     )
     guard.add_argument(
         "--ood-plain-keep-share",
         type=float,
-        default=ood_defaults.DEFAULT_PLAIN_KEEP_SHARE,
+        default=DEFAULTS["ood_plain_keep_share"],
         help="discriminative: share of held-out --ood-inside questions kept as well "
         f"(default: {ood_defaults.DEFAULT_PLAIN_KEEP_SHARE})",
     )
@@ -370,7 +380,6 @@ def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 def check_value_arguments(args: argparse.Namespace) -> None:
     """The cost/latency and search options, checked before any work."""
     from benchgen_router.errors import UsageError
-    from benchgen_router.frontier import check_search_options
 
     for flag, path in (("--calls", args.calls), ("--pool", args.pool)):
         if path is not None and not path.is_file():
@@ -399,348 +408,22 @@ def check_value_arguments(args: argparse.Namespace) -> None:
             raise UsageError(f"--target-eps must be a reward difference >= 0, got {args.target_eps}.")
         if not args.cv_folds:
             raise UsageError("--target-eps chooses by cross-validation: --cv-folds must not be 0.")
-    check_search_options(search_options(args))
-
-
-def search_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The search settings of this run, in frontier.run_search's terms."""
-    options: dict[str, Any] = {
-        "hidden_dim": args.head_hidden_dim,
-        "sigma0": args.sigma0,
-        "generations": args.generations,
-        "seed": args.seed,
-        "popsize": args.popsize,
-        "library": args.cma_library,
-    }
-    if args.ensemble_seeds:
-        options["ensemble_seeds"] = args.ensemble_seeds
-    if args.shrink:
-        options["shrink"] = args.shrink
-    return options
-
-
-def model_id(backbone_id: str, agents: list[str], theta: Any) -> str:
-    """head-<backbone name>-<10 hex of a hash of the head and pool>, the reference's naming."""
-    digest = hashlib.sha256(theta.tobytes() + json.dumps([backbone_id, agents]).encode()).hexdigest()
-    return f"head-{backbone_id.rstrip('/').split('/')[-1]}-{digest[:10]}"
 
 
 def run(args: argparse.Namespace) -> int:
-    from functools import partial
+    from dataclasses import fields
 
-    from benchgen_router.data import held_out_mask, join_rewards, load_rows
-    from benchgen_router.folder import check_output_folder
+    from benchgen_router.trainer import TrainConfig, train
 
-    progress = not args.no_progress
-    card_note = read_card_note(args.card_note)
-    if args.export is not None:
-        check_output_folder(args.export, overwrite=False)  # before the work, so a bad folder costs nothing
-    reward_rows = load_rows(args.rewards, "rewards")  # rewards first: their errors are reported first
-    task_rows = load_rows(args.tasks, "tasks")
-    data = join_rewards(reward_rows, task_rows)
-    test, how = held_out_mask(data, args.test_split, args.seed)
-    cost_data = None
-    if args.calls is not None:
-        from benchgen_router.costs import costs_for_labelled
-
-        cost_data = costs_for_labelled(data, args.calls, args.pool)
-
-    # The data are good: now the heavy imports (torch, transformers).
-    from benchgen_router import ood
-    from benchgen_router.convert import convert_release
-    from benchgen_router.embeddings import default_cache_dir, embed_prompts
-    from benchgen_router.evaluation import evaluate_picks
-    from benchgen_router.files import staging_dir, to_json
-    from benchgen_router.forms import QUERY_FORMATS, in_form
-    from benchgen_router.head import head_picks, save_operating_heads
-    from benchgen_router.model_code import canonical_query
-    from benchgen_router.ood import GUARD_FILE, save_guard
-    from benchgen_router.training import cross_validate
-
-    logger.info(
-        "%d labelled rows, %d agents: %d train, %d held out (%s)",
-        len(data),
-        len(data.agents),
-        int((~test).sum()),
-        int(test.sum()),
-        how,
-    )
-
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    embed = partial(
-        embed_prompts,
-        backbone=args.backbone,
-        agents=data.agents,
-        revision=args.backbone_revision,
-        dtype=args.dtype,
-        truncation_length=args.truncation_length,
-        device=args.device,
-        batch_size=args.batch_size,
-        max_batch_tokens=args.max_batch_tokens,
-        cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
-        progress=progress,
-        allow_emulated_bf16=args.allow_emulated_bf16,
-    )
-    rules = QUERY_FORMATS[args.query_format]
-    embedded = embed([canonical_query(prompt, rules) for prompt in data.prompts])
-    # The labelled tasks as users would type them, for the figures on that form.
-    plain = embed([canonical_query(prompt, rules) for prompt in in_form(data.prompts, "plain")]).vectors
-    timings["embedding_seconds"] = time.perf_counter() - started
-    trained_guard = None
-    if not args.no_ood_guard:
-        started = time.perf_counter()
-        labelled = {"formatted": embedded.vectors, "plain": plain}
-        trained_guard = fit_task_guard(args, task_rows, data, test, embed, rules, labelled, cost_data)
-        timings["ood_guard_seconds"] = time.perf_counter() - started
-    embeddings, rewards = embedded.vectors.astype(np.float64), data.rewards
-    plain = plain.astype(np.float64)
-    options = search_options(args)
-    points = dict(args.operating_points or [])
-
-    # One head per operating point (or the one head), each searched on the training rows.
-    results = {
-        name: point_search(embeddings[~test], rewards[~test], point_utility(rewards, cost_data, t)[~test], options)
-        for name, t in (points or {None: None}).items()
-    }
-    timings["search_seconds"] = sum(result.seconds for result in results.values())
-
-    frontier, target, cv = None, None, None
-    if cost_data is not None and args.cv_folds:
-        frontier, target = cost_frontier(args, embeddings, cost_data, points, options, progress, {"plain": plain})
-        timings["frontier_cv_seconds"] = frontier.pop("seconds")
-    elif args.cv_folds:
-        started = time.perf_counter()
-        search = partial(point_search, options=options)
-        cv = cross_validate(
-            embeddings,
-            rewards,
-            data.agents,
-            args.cv_folds,
-            args.seed,
-            args.head_hidden_dim,
-            lambda e, r: search(e, r, r),
-            progress=progress,
-        )
-        timings["cross_validation_seconds"] = time.perf_counter() - started
-    default = None
-    if points:
-        default = args.default_operating_point or (target or {}).get("chosen") or next(iter(points))
-    result = results[default]
-    picks = head_picks(result.theta, embeddings[test], len(data.agents), args.head_hidden_dim)
-    evaluation = evaluate_picks(picks, rewards[test], data.agents)
-
-    manifest = build_manifest(args, data, test, how, result, evaluation, cv, embedded, timings)
-    if rules:
-        manifest["query_format"] = rules
-    if points:
-        manifest["operating_points"] = operating_point_records(
-            points, results, frontier, cost_data, embeddings, test, args.head_hidden_dim
-        )
-        if trained_guard is not None:
-            for name, tradeoff in points.items():
-                utility = point_utility(rewards, cost_data, tradeoff)[~test]
-                fallback = ood.utility_fallback(utility, cost_data.cost_per_1k[~test])
-                manifest["operating_points"][name]["ood_fallback_agent"] = data.agents[fallback]
-        manifest["default_operating_point"] = default
-    if frontier is not None:
-        manifest["frontier"] = frontier
-    if target is not None:
-        manifest["target_mode"] = target
-    if trained_guard is not None:
-        manifest["ood_guard"] = trained_guard.record
-    with staging_dir(args.output_dir, owned=RUN_FILES) as staging:
-        np.save(staging / "head_weights.npy", result.theta.astype(np.float64), allow_pickle=False)
-        if points:
-            save_operating_heads(staging / OPERATING_HEADS_FILE, {name: r.theta for name, r in results.items()})
-        if trained_guard is not None:
-            save_guard(staging / GUARD_FILE, trained_guard.guard)
-        if frontier is not None:
-            plot_training_frontier(frontier, staging)
-        (staging / "manifest.json").write_text(to_json(manifest, indent=2) + "\n", encoding="utf-8")
-    logger.info("wrote %s (head_weights.npy, manifest.json)", args.output_dir)
-    if args.export is not None:
-        convert_release(
-            args.output_dir / "manifest.json",
-            args.output_dir / "head_weights.npy",
-            args.export,
-            backbone=args.backbone,
-            backbone_revision=args.backbone_revision,
-            backbone_id=args.backbone_id,
-            card_note=card_note,
-        )
-
-    print_report(result, evaluation, cv, args.ensemble_seeds, default)
-    if frontier is not None:
-        print_frontier(frontier, target, default, manifest.get("operating_points"))
-    if trained_guard is not None:
-        print(format_guard(trained_guard.record))
+    settings = {item.name: getattr(args, item.name) for item in fields(TrainConfig)}
+    result = train(TrainConfig(**{**settings, "card_note": read_card_note(args.card_note)}))
+    default = result.default_operating_point
+    print_report(result.head, result.evaluation, result.cross_validation, args.ensemble_seeds, default)
+    if result.frontier is not None:
+        print_frontier(result.frontier, result.target, default, result.manifest.get("operating_points"))
+    if result.guard is not None:
+        print(format_guard(result.guard))
     return 0
-
-
-# Every file a run may write into --output-dir: one that this run does not write is removed, so an
-# earlier run's guard, heads or plots are never exported with this run's head.
-RUN_FILES = (
-    "head_weights.npy",
-    "manifest.json",
-    ood_defaults.GUARD_FILE,
-    OPERATING_HEADS_FILE,
-    "frontier-cost.png",
-    "frontier-latency.png",
-)
-
-
-def point_utility(rewards: Any, cost_data: Any, tradeoff: Any) -> Any:
-    """The matrix a point's search maximises: the rewards themselves for the reward-only head."""
-    if tradeoff is None or (not tradeoff.cost_weight and not tradeoff.latency_weight):
-        return rewards
-    return tradeoff.utility(cost_data)
-
-
-def point_search(embeddings: Any, rewards: Any, utility: Any, options: dict[str, Any], progress: bool = False) -> Any:
-    """The search of one head (frontier.run_search) as one SearchResult: the reference search's own
-    result, bit for bit, when it is a single unregularised run on the rewards; otherwise the final
-    (averaged) head with its training reward and the runs' total time."""
-    from dataclasses import replace
-
-    from benchgen_router.frontier import run_search
-    from benchgen_router.training import fitness
-
-    theta, runs = run_search(embeddings, utility, options, progress)
-    if len(runs) == 1 and utility is rewards and not options.get("shrink"):
-        return runs[0]
-    reward = float(fitness(theta[None], embeddings, rewards, options["hidden_dim"])[0])
-    return replace(runs[0], theta=theta, train_reward=reward, seconds=sum(run.seconds for run in runs))
-
-
-def cost_frontier(
-    args: argparse.Namespace,
-    embeddings: Any,
-    cost_data: Any,
-    points: dict[str, Any],
-    options: dict[str, Any],
-    progress: bool,
-    other_forms: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The repeated-CV frontier of this run's trade-offs (frontier_to_dict, plus "seconds"), with each
-    head also scored on the held-out rows in `other_forms` ({form: embeddings}), and with --target-eps
-    the target-mode choice on it and that rule's nested-CV estimate."""
-    from benchgen_router.frontier import (
-        Tradeoff,
-        cross_validate_frontier,
-        frontier_to_dict,
-        nested_target_cv,
-        select_tradeoff,
-    )
-
-    started = time.perf_counter()
-    grid = list(points.values()) or [Tradeoff()]
-    result = cross_validate_frontier(
-        embeddings,
-        cost_data,
-        grid,
-        folds=args.cv_folds,
-        repeats=args.cv_repeats,
-        seed=args.cv_seed,
-        search_kwargs=options,
-        knn_ks=(5,),
-        progress=progress,
-        other_forms=other_forms,
-    )
-    stored = frontier_to_dict(result)
-    target = None
-    if args.target_eps is not None:
-        chosen = select_tradeoff(result, args.target_eps)
-        nested = nested_target_cv(
-            embeddings,
-            cost_data,
-            args.target_eps,
-            grid,
-            outer_folds=args.cv_folds,
-            outer_repeats=2,
-            inner_folds=args.cv_folds,
-            inner_repeats=1,
-            seed=args.cv_seed,
-            search_kwargs=options,
-            progress=progress,
-        )
-        target = {
-            "eps": args.target_eps,
-            "rule": "the cheapest operating point whose CV reward is within eps of the best fixed agent's "
-            "(the highest-reward point if none is)",
-            "chosen": next(name for name, tradeoff in points.items() if tradeoff == chosen),
-            "nested_cv": {
-                "outer": f"2x{args.cv_folds}-fold",
-                "inner": f"1x{args.cv_folds}-fold",
-                "point": nested.point.to_dict(),
-                "reference": nested.reference.to_dict(),
-            },
-        }
-    stored["seconds"] = time.perf_counter() - started
-    return stored, target
-
-
-def operating_point_records(
-    points: dict[str, Any],
-    results: dict[str, Any],
-    frontier: dict[str, Any] | None,
-    cost_data: Any,
-    embeddings: Any,
-    test: Any,
-    hidden_dim: int,
-) -> dict[str, dict[str, Any]]:
-    """What the manifest (and the router's config and card) record of each operating point: its
-    weights, training reward, held-out figures and cross-validated point."""
-    import numpy as np
-
-    from benchgen_router.head import head_picks
-
-    by_name = {point["name"]: point for point in (frontier or {}).get("points", [])}
-    records = {}
-    for name, tradeoff in points.items():
-        picks = head_picks(results[name].theta, embeddings[test], len(cost_data.agents), hidden_dim)
-        rows = np.flatnonzero(test)
-        record: dict[str, Any] = {
-            "cost_weight": tradeoff.cost_weight,
-            "latency_weight": tradeoff.latency_weight,
-            "train_reward": results[name].train_reward,
-            "held_out": {
-                "rows": len(rows),
-                "reward": float(cost_data.rewards[rows, picks].mean()),
-                "cost_per_1k": float(cost_data.cost_per_1k[rows, picks].mean()),
-                "latency_s": float(cost_data.latency_s[rows, picks].mean()),
-            },
-        }
-        for key, policy in (("cv", f"router {tradeoff.name}"), ("cv_plain", f"router {tradeoff.name} [plain]")):
-            if policy in by_name:
-                record[key] = {field: by_name[policy][field] for field in CV_POINT_KEYS if field in by_name[policy]}
-        records[name] = record
-    return records
-
-
-# The cross-validated figures of an operating point that its record keeps (the frontier keeps the rest).
-CV_POINT_KEYS = (
-    "reward",
-    "reward_std_repeats",
-    "reward_std_folds",
-    "delta_reward",
-    "delta_se",
-    "cost_per_1k",
-    "cost_std_repeats",
-    "latency_s",
-    "latency_std_repeats",
-    "share",
-    "cost_frontier",
-    "latency_frontier",
-)
-
-
-def plot_training_frontier(frontier: dict[str, Any], folder: Path) -> None:
-    from benchgen_router.frontier import frontier_from_dict, plot_frontier
-
-    result = frontier_from_dict(frontier)
-    title = f"{result.repeats}x{result.folds}-fold CV over {result.rows} labelled rows"
-    plot_frontier(result, folder / "frontier-cost.png", folder / "frontier-latency.png", knn_k=5, title=title)
 
 
 def print_frontier(
@@ -767,89 +450,6 @@ def print_frontier(
         )
     if default is not None:
         print(f"default operating point: {default}")
-
-
-def fit_task_guard(
-    args: argparse.Namespace,
-    task_rows: list[dict[str, Any]],
-    data: Any,
-    test: Any,
-    embed: Any,
-    rules: dict[str, list[str]] | None,
-    labelled: dict[str, Any],
-    cost_data: Any = None,
-) -> Any:
-    """The out-of-distribution guard of this run (ood.train_guard) on every prompt of the task pool,
-    canonicalised as the router will see them, measured on the OOD and plain query sets and on the
-    labelled tasks' embeddings in each form (`labelled`); None (with a warning) when the pool has too
-    few prompts to calibrate the keep share."""
-    from benchgen_router import ood
-    from benchgen_router.model_code import canonical_query
-
-    prompts = list(dict.fromkeys(row["prompt"] for row in task_rows if isinstance(row.get("prompt"), str)))
-    prompts = [prompt for prompt in prompts if prompt.strip()]
-    needed = ood.min_prompts_to_calibrate(args.ood_keep_share)
-    if len(prompts) < needed:
-        logger.warning(
-            "warning: no out-of-distribution guard: %d task prompts cannot calibrate a %.0f%% keep share "
-            "(need at least %d); pass a larger --tasks pool or --no-ood-guard.",
-            len(prompts),
-            100 * args.ood_keep_share,
-            needed,
-        )
-        return None
-    fallback = None
-    if cost_data is not None:  # the reward-only point's fallback; operating points get their own
-        fallback = ood.utility_fallback(data.rewards[~test], cost_data.cost_per_1k[~test])
-    vectors = embed([canonical_query(prompt, rules) for prompt in prompts]).vectors
-    metadata = {"backbone": args.backbone_id}
-    if args.ood_method == "mahalanobis":
-        trained = ood.train_guard(
-            vectors, data.rewards[~test], data.agents, args.ood_keep_share, fallback=fallback, metadata=metadata
-        )
-    else:
-        from benchgen_router.forms import guard_views
-
-        views = [guard_views(prompt, rules) for prompt in prompts]
-        flat = embed([view for prompt_views in views for view in prompt_views]).vectors
-        owners = np.repeat(np.arange(len(prompts)), [len(prompt_views) for prompt_views in views])
-        inside, _ = ood.read_ood_queries(args.ood_inside or ood.PACKAGED_GUARD_INSIDE, "in-domain query set")
-        outside, _ = ood.read_ood_queries(args.ood_outside or ood.PACKAGED_GUARD_OUTSIDE, "outside query set")
-        trained = ood.train_discriminative_guard(
-            vectors,
-            flat,
-            owners,
-            embed([canonical_query(query, rules) for query in inside]).vectors,
-            embed([canonical_query(query, rules) for query in outside]).vectors,
-            data.rewards[~test],
-            data.agents,
-            keep_share=args.ood_keep_share,
-            plain_keep_share=args.ood_plain_keep_share,
-            fallback=fallback,
-            metadata=metadata,
-        )
-    _, calibration_rows = ood.split_indices(
-        len(vectors), (1.0 - ood.DEFAULT_CALIBRATION_SHARE, ood.DEFAULT_CALIBRATION_SHARE), ood.DEFAULT_SPLIT_SEED
-    )
-    calibration = vectors[np.asarray(calibration_rows)]
-    queries_file = args.ood_queries or ood.PACKAGED_OOD_QUERIES
-    if queries_file.is_file():
-        queries, groups = ood.read_ood_queries(queries_file)
-        trained.record["evaluation"] = ood.evaluate_guard(
-            trained.guard.threshold,
-            trained.guard.scores(calibration),
-            trained.guard.scores(embed([canonical_query(query, rules) for query in queries]).vectors),
-            groups,
-            f"the {len(calibration_rows)} task prompts of the calibration split, not used to fit the statistics",
-        )
-        trained.record["evaluation"]["ood_queries_file"] = queries_file.name
-    if ood.PACKAGED_PLAIN_QUERIES.is_file():
-        questions, _ = ood.read_ood_queries(ood.PACKAGED_PLAIN_QUERIES, "plain query set")
-        kept = ~trained.guard.flags(embed([canonical_query(q, rules) for q in questions]).vectors)
-        trained.record["plain_questions_kept_share"] = float(kept.mean())
-    for form, vectors in labelled.items():  # the labelled tasks, as the data gives them and as users type them
-        trained.record[f"labelled_{form}_flagged_share"] = float(trained.guard.flags(vectors).mean())
-    return trained
 
 
 def format_guard(record: dict[str, Any]) -> str:
@@ -881,55 +481,6 @@ def format_guard(record: dict[str, Any]) -> str:
         )
         lines += group_lines(evaluation["groups"])
     return "\n".join(lines)
-
-
-def build_manifest(
-    args: argparse.Namespace,
-    data: Any,
-    test: Any,
-    how: str,
-    result: Any,
-    evaluation: dict[str, Any],
-    cv: dict[str, Any] | None,
-    embedded: Any,
-    timings: dict[str, float],
-) -> dict[str, Any]:
-    """The run's manifest: every reference key, plus the evaluation, cross-validation and search settings."""
-    from benchgen_router.manifest import make_manifest
-
-    return make_manifest(
-        model_id=args.model_id or model_id(args.backbone_id, data.agents, result.theta),
-        backbone_model=args.backbone_id,
-        backbone_revision=args.backbone_revision,
-        rewards_dataset=args.rewards_id or args.rewards,
-        agent_order=data.agents,
-        embedding_dim=int(embedded.vectors.shape[1]),
-        head_hidden_dim=args.head_hidden_dim,
-        n_head_params=int(result.theta.size),
-        n_total=len(data),
-        n_train=int((~test).sum()),
-        n_test=int(test.sum()),
-        held_out=how,
-        train_reward=result.train_reward,
-        test_reward=evaluation["router"],
-        baselines={key: evaluation[key] for key in ("random_agent", "best_fixed_agent", "oracle")},
-        beats_best_fixed_agent=evaluation["beats_best_fixed_agent"],
-        cma_generations_run=result.generations_run,
-        history=result.history,
-        duration_seconds=round(sum(timings.values()), 3),
-        truncation_length=embedded.truncation_length,
-        evaluation=evaluation,
-        cross_validation=cv,
-        cma={
-            "library": result.library,
-            "sigma0": args.sigma0,
-            "seed": args.seed,
-            "popsize": result.popsize,
-            "generations": args.generations,
-            **{key: value for key, value in search_options(args).items() if key in ("ensemble_seeds", "shrink")},
-        },
-        timings={key: round(value, 3) for key, value in timings.items()},
-    )
 
 
 def print_report(
