@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import replace
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 from benchgen_router.cli.common import EXIT_CODES_HELP, add_batching_arguments, add_dtype_arguments
 from benchgen_router.errors import UsageError
@@ -114,133 +111,39 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             raise UsageError(f"--plot folder {folder} does not exist; create it or pass another prefix.")
 
 
-def _in_pool_order(costs: Any, pool: list[str]) -> Any:
-    """The cost data with its agent columns in the router's logit order, like the picks."""
-    order = [costs.agents.index(agent) for agent in pool]
-    return replace(
-        costs,
-        agents=list(pool),
-        rewards=costs.rewards[:, order],
-        cost_usd=costs.cost_usd[:, order],
-        latency_s=costs.latency_s[:, order],
-        calls=costs.calls[:, order],
-    )
-
-
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
+    from dataclasses import fields
 
-    from benchgen_router.costs import costs_for_labelled
-    from benchgen_router.data import join_rewards, load_rows
-    from benchgen_router.evaluation import evaluate_picks, format_evaluation
+    from benchgen_router.evaluation import format_evaluation
+    from benchgen_router.evaluator import EvaluateConfig, evaluate
     from benchgen_router.files import Output, to_json
-    from benchgen_router.forms import FORMS, in_form
-    from benchgen_router.loading import load_router
-    from benchgen_router.ood import PACKAGED_OOD_QUERIES, evaluate_guard, read_ood_queries
-    from benchgen_router.routing import operating_point_of, route_queries
+    from benchgen_router.frontier import format_frontier
 
-    if args.ood_queries is not None and not args.ood_queries.is_file():
-        raise UsageError(f"--ood-queries {args.ood_queries} not found; pass a JSONL file of query, group rows.")
+    config = EvaluateConfig(**{item.name: getattr(args, item.name) for item in fields(EvaluateConfig)})
     inputs = [args.rewards, args.tasks, *(path for path in (args.calls, args.pool) if path is not None)]
-    output = Output(args.output_json, inputs=inputs) if args.output_json else None
-    evaluations: dict[str | None, dict] = {}
+    output = Output(args.output_json, inputs=inputs) if args.output_json else None  # refused before any work
     try:
-        data = join_rewards(load_rows(args.rewards, "rewards"), load_rows(args.tasks, "tasks"), min_rows=1)
-        if args.split is not None:
-            rows = np.array([split == args.split for split in data.splits])
-            if not rows.any():
-                present = sorted({s for s in data.splits if s is not None})
-                raise UsageError(f"no joined row has split '{args.split}' (splits present: {present or 'none'}).")
-            data = data.subset(rows)
-        # before the router loads: calls that do not cover the evaluated tasks fail at once
-        costs = None if args.calls is None else costs_for_labelled(data, args.calls, args.pool)
-        model, tokenizer = load_router(
-            args.model,
-            device=args.device,
-            dtype=args.dtype,
-            backbone=args.backbone,
-            allow_emulated_bf16=args.allow_emulated_bf16,
-        )
-        pool = model.config.agent_order
-        if sorted(pool) != sorted(data.agents):
-            raise UsageError(
-                f"the router's pool {pool} is not the rewards' agent_order {data.agents}; "
-                "evaluate against rewards measured for this router's agents."
-            )
-        # None stands for a single-head router's only head, as in results_for
-        if args.operating_point is not None:
-            points: list[str | None] = [operating_point_of(model, args.operating_point)]
-        else:
-            points = list(model.config.operating_points) or [None]
-        primary = model.config.operating_point if model.config.operating_point in points else points[0]
-        rewards = data.rewards[:, [data.agents.index(agent) for agent in pool]]  # columns in logit order
-        route = partial(
-            route_queries,
-            model,
-            tokenizer,
-            batch_size=args.batch_size,
-            max_batch_tokens=args.max_batch_tokens,
-            progress=not args.no_progress,
-        )
-        title = f"evaluation of {args.model or 'the default router'}"
+        report = evaluate(config)
         on_split = f" on split '{args.split}'" if args.split else ""
-        # Each point on the prompts as the data gives them and as users type them (forms.FORMS).
-        routed = {
-            (form, point): route(in_form(data.prompts, form), operating_points=point)
-            for form in FORMS
-            for point in points
-        }
-        picks_at = {key: routed_at.picks for key, routed_at in routed.items()}
-        by_form: dict[str, dict[str, dict]] = {form: {} for form in FORMS}
-        for (form, point), picks in picks_at.items():
-            evaluation = evaluate_picks(picks, rewards, pool)
-            if routed[form, point].out_of_distribution is not None:
-                evaluation["flagged_share"] = float(routed[form, point].out_of_distribution.mean())
-            by_form[form][point or "router"] = evaluation
-            if form == "formatted":
-                evaluations[point] = evaluation
-            at = "" if point is None else f" at operating point '{point}'"
-            print(
-                format_evaluation(
-                    evaluation, title + at + on_split + ("" if form == "formatted" else f", {form} questions")
-                )
-            )
-        frontier = None
-        if costs is not None:
-            frontier = cost_frontier(model, _in_pool_order(costs, pool), picks_at, args)
-        queries_file = args.ood_queries or PACKAGED_OOD_QUERIES
-        guard = None
-        if model.guards_queries and queries_file.is_file():
-            queries, groups = read_ood_queries(queries_file)
-            rows = f"the {len(data)} evaluated prompts" + (f" of split '{args.split}'" if args.split else "")
-            guard = evaluate_guard(
-                float(model.ood_threshold),
-                routed["formatted", points[0]].ood_scores,
-                route(queries).ood_scores,
-                groups,
-                rows,
-            )
-            guard["ood_queries_file"] = str(queries_file)
-            for form in FORMS:
-                flags = routed[form, points[0]].out_of_distribution
-                guard[f"{form}_flagged_share"] = float(flags.mean())
-            print(format_guard_evaluation(guard))
+        for form, evaluations in report.by_form.items():
+            for point in report.points:
+                at = "" if point is None else f" at operating point '{point}'"
+                suffix = "" if form == "formatted" else f", {form} questions"
+                print(format_evaluation(evaluations[point or "router"], report.title + at + on_split + suffix))
+        if report.frontier is not None:
+            kinds = ("router", "router_form", "fixed", "random", "oracle")
+            print(format_frontier(report.frontier, kinds=kinds, title=report.frontier_title))
+            for note in report.cost_notes:
+                print(f"note: {note}")
+        if report.guard is not None:
+            print(format_guard_evaluation(report.guard))
         if output is not None:
-            record = {"model": args.model, "rewards": args.rewards, "split": args.split, **evaluations[primary]}
-            if primary is not None:
-                record["operating_point"] = primary
-                record["operating_points"] = {point: evaluations[point] for point in points}
-            record["forms"] = by_form
-            if frontier is not None:
-                record["cost_frontier"] = frontier
-            if guard is not None:
-                record["ood_guard"] = guard
-            output.handle.write(to_json(record, indent=2) + "\n")
+            output.handle.write(to_json(report.record(config), indent=2) + "\n")
             output.commit()
     finally:
         if output is not None:
             output.discard()
-    for point, evaluation in evaluations.items():
+    for point, evaluation in report.evaluations.items():
         if not evaluation["beats_best_fixed_agent"]:
             logger.warning(
                 "warning: the router%s does not beat the best fixed agent (%s, %.4f) on these rows.",
@@ -249,57 +152,6 @@ def run(args: argparse.Namespace) -> int:
                 evaluation["best_fixed_agent"],
             )
     return 0
-
-
-IN_SAMPLE_NOTE = (
-    "in-sample evaluation of a fixed router on the given rows (no cross-validation, so ±rep and ±fold are 0): "
-    "rows the router was trained on make its figures optimistic"
-)
-
-
-def _point_name(point: str | None, form: str = "formatted") -> str:
-    name = "router" if point is None else f"router {point}"
-    return name if form == "formatted" else f"{name} [{form}]"
-
-
-def cost_frontier(
-    model: Any, costs: Any, picks_at: dict[tuple[str, str | None], Any], args: argparse.Namespace
-) -> dict:
-    """The evaluated points' cost and latency against the baselines: printed, plotted with --plot, and
-    returned as the JSON record's "cost_frontier" (frontier_to_dict's layout plus where it came from)."""
-    from benchgen_router import frontier as fr
-
-    settings = model.config.operating_points
-    weights = {
-        _point_name(point, form): (settings[point]["cost_weight"], settings[point]["latency_weight"])
-        for form, point in picks_at
-        if point in settings
-    }
-    formatted = {_point_name(point): picks for (form, point), picks in picks_at.items() if form == "formatted"}
-    other = {_point_name(point, form): picks for (form, point), picks in picks_at.items() if form != "formatted"}
-    result = fr.evaluate_policies(costs, formatted, weights, other)
-    where = f"{args.model or 'the default router'} on {result.rows} rows" + (
-        f" of split '{args.split}'" if args.split else ""
-    )
-    title = f"cost and latency of {where}; reference: {result.reference}\n{IN_SAMPLE_NOTE}"
-    print(fr.format_frontier(result, kinds=("router", "router_form", "fixed", "random", "oracle"), title=title))
-    for note in costs.notes:
-        print(f"note: {note}")
-    if args.plot is not None:
-        fr.plot_policies(
-            result, f"{args.plot}-cost.png", f"{args.plot}-latency.png", title=f"{where}: in-sample, no CV"
-        )
-    stored = fr.frontier_to_dict(result)
-    stored.update(
-        {
-            "evaluation": IN_SAMPLE_NOTE,
-            "calls": str(args.calls),
-            "pool": None if args.pool is None else str(args.pool),
-            "notes": list(costs.notes),
-            "operating_points": {point: _point_name(point) for _, point in picks_at if point is not None},
-        }
-    )
-    return stored
 
 
 def format_guard_evaluation(guard: dict) -> str:

@@ -1,0 +1,227 @@
+"""Evaluating a router on reward data: the library behind `benchgen-router evaluate`.
+
+    from benchgen_router.evaluator import EvaluateConfig, evaluate
+    report = evaluate(EvaluateConfig(rewards="rewards.jsonl", tasks="tasks.v1.jsonl"))
+    report.evaluations[report.primary]["router"]
+
+Every labelled prompt is routed as the router serves it, at each of its operating points, in both
+forms the data allow (as given, and as users type them). With per-call records the points are
+also placed against the fixed agents on cost and latency; a guarded router's guard is measured on
+the out-of-distribution query set. In-sample: rows the router was trained on flatter it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchgen_router.errors import UsageError
+
+IN_SAMPLE_NOTE = (
+    "in-sample evaluation of a fixed router on the given rows (no cross-validation, so ±rep and ±fold are 0): "
+    "rows the router was trained on make its figures optimistic"
+)
+
+
+@dataclass
+class EvaluateConfig:
+    """What an evaluation reads; `benchgen-router evaluate --help` describes each (flag = the name
+    with dashes). `plot` is a prefix: PREFIX-cost.png and PREFIX-latency.png (needs `calls`)."""
+
+    rewards: str
+    tasks: str
+    model: str | None = None  # None: the committed default router
+    split: str | None = None
+    backbone: str | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    allow_emulated_bf16: bool = False
+    batch_size: int | None = None
+    max_batch_tokens: int | None = None
+    ood_queries: Path | None = None
+    operating_point: str | None = None
+    calls: Path | None = None
+    pool: Path | None = None
+    plot: str | None = None
+    no_progress: bool = False
+
+
+@dataclass
+class EvaluateReport:
+    """The evaluation of each point (None: a single head) on the prompts as given (`evaluations`)
+    and in every form (`by_form`), the cost frontier (`frontier`: the evaluate_policies result, and
+    `frontier_record` as stored) and the guard's measurement, when there are calls and a guard."""
+
+    title: str
+    primary: str | None
+    points: list[str | None]
+    evaluations: dict[str | None, dict[str, Any]]
+    by_form: dict[str, dict[str, dict[str, Any]]]
+    frontier: Any = None
+    frontier_record: dict[str, Any] | None = None
+    frontier_title: str = ""
+    cost_notes: list[str] = field(default_factory=list)
+    guard: dict[str, Any] | None = None
+
+    def record(self, config: EvaluateConfig) -> dict[str, Any]:
+        """The JSON record `--output-json` writes."""
+        record = {"model": config.model, "rewards": config.rewards, "split": config.split}
+        record.update(self.evaluations[self.primary])
+        if self.primary is not None:
+            record["operating_point"] = self.primary
+            record["operating_points"] = {point: self.evaluations[point] for point in self.points}
+        record["forms"] = self.by_form
+        if self.frontier_record is not None:
+            record["cost_frontier"] = self.frontier_record
+        if self.guard is not None:
+            record["ood_guard"] = self.guard
+        return record
+
+
+def in_pool_order(costs: Any, pool: list[str]) -> Any:
+    """The cost data with its agent columns in the router's logit order, like the picks."""
+    order = [costs.agents.index(agent) for agent in pool]
+    return replace(
+        costs,
+        agents=list(pool),
+        rewards=costs.rewards[:, order],
+        cost_usd=costs.cost_usd[:, order],
+        latency_s=costs.latency_s[:, order],
+        calls=costs.calls[:, order],
+    )
+
+
+def point_name(point: str | None, form: str = "formatted") -> str:
+    name = "router" if point is None else f"router {point}"
+    return name if form == "formatted" else f"{name} [{form}]"
+
+
+def evaluate(config: EvaluateConfig) -> EvaluateReport:
+    """Route the labelled prompts and score the picks (see the module docstring); UsageError for
+    input that does not fit (no rows, another pool, calls that miss the evaluated tasks)."""
+    from benchgen_router.costs import costs_for_labelled
+    from benchgen_router.data import join_rewards, load_rows
+    from benchgen_router.evaluation import evaluate_picks
+    from benchgen_router.forms import FORMS, in_form
+    from benchgen_router.loading import load_router
+    from benchgen_router.ood import PACKAGED_OOD_QUERIES, evaluate_guard, read_ood_queries
+    from benchgen_router.routing import operating_point_of, route_queries
+
+    if config.ood_queries is not None and not config.ood_queries.is_file():
+        raise UsageError(f"--ood-queries {config.ood_queries} not found; pass a JSONL file of query, group rows.")
+    data = join_rewards(load_rows(config.rewards, "rewards"), load_rows(config.tasks, "tasks"), min_rows=1)
+    if config.split is not None:
+        rows = np.array([split == config.split for split in data.splits])
+        if not rows.any():
+            present = sorted({s for s in data.splits if s is not None})
+            raise UsageError(f"no joined row has split '{config.split}' (splits present: {present or 'none'}).")
+        data = data.subset(rows)
+    # before the router loads: calls that do not cover the evaluated tasks fail at once
+    costs = None if config.calls is None else costs_for_labelled(data, config.calls, config.pool)
+    model, tokenizer = load_router(
+        config.model,
+        device=config.device,
+        dtype=config.dtype,
+        backbone=config.backbone,
+        allow_emulated_bf16=config.allow_emulated_bf16,
+    )
+    pool = model.config.agent_order
+    if sorted(pool) != sorted(data.agents):
+        raise UsageError(
+            f"the router's pool {pool} is not the rewards' agent_order {data.agents}; "
+            "evaluate against rewards measured for this router's agents."
+        )
+    # None stands for a single-head router's only head, as in results_for
+    if config.operating_point is not None:
+        points: list[str | None] = [operating_point_of(model, config.operating_point)]
+    else:
+        points = list(model.config.operating_points) or [None]
+    primary = model.config.operating_point if model.config.operating_point in points else points[0]
+    rewards = data.rewards[:, [data.agents.index(agent) for agent in pool]]  # columns in logit order
+    route = partial(
+        route_queries,
+        model,
+        tokenizer,
+        batch_size=config.batch_size,
+        max_batch_tokens=config.max_batch_tokens,
+        progress=not config.no_progress,
+    )
+    where = f"{config.model or 'the default router'}"
+    report = EvaluateReport(
+        title=f"evaluation of {where}", primary=primary, points=points, evaluations={}, by_form={f: {} for f in FORMS}
+    )
+    # Each point on the prompts as the data gives them and as users type them (forms.FORMS).
+    routed = {
+        (form, point): route(in_form(data.prompts, form), operating_points=point) for form in FORMS for point in points
+    }
+    picks_at = {key: routed_at.picks for key, routed_at in routed.items()}
+    for (form, point), picks in picks_at.items():
+        evaluation = evaluate_picks(picks, rewards, pool)
+        if routed[form, point].out_of_distribution is not None:
+            evaluation["flagged_share"] = float(routed[form, point].out_of_distribution.mean())
+        report.by_form[form][point or "router"] = evaluation
+        if form == "formatted":
+            report.evaluations[point] = evaluation
+    if costs is not None:
+        cost_frontier(report, model, in_pool_order(costs, pool), picks_at, config)
+    queries_file = config.ood_queries or PACKAGED_OOD_QUERIES
+    if model.guards_queries and queries_file.is_file():
+        queries, groups = read_ood_queries(queries_file)
+        rows = f"the {len(data)} evaluated prompts" + (f" of split '{config.split}'" if config.split else "")
+        guard = evaluate_guard(
+            float(model.ood_threshold),
+            routed["formatted", points[0]].ood_scores,
+            route(queries).ood_scores,
+            groups,
+            rows,
+        )
+        guard["ood_queries_file"] = str(queries_file)
+        for form in FORMS:
+            guard[f"{form}_flagged_share"] = float(routed[form, points[0]].out_of_distribution.mean())
+        report.guard = guard
+    return report
+
+
+def cost_frontier(
+    report: EvaluateReport,
+    model: Any,
+    costs: Any,
+    picks_at: dict[tuple[str, str | None], Any],
+    config: EvaluateConfig,
+) -> None:
+    """The evaluated points' cost and latency against the baselines, into the report (and drawn with
+    `plot`): frontier_to_dict's layout plus where it came from."""
+    from benchgen_router import frontier as fr
+
+    settings = model.config.operating_points
+    weights = {
+        point_name(point, form): (settings[point]["cost_weight"], settings[point]["latency_weight"])
+        for form, point in picks_at
+        if point in settings
+    }
+    formatted = {point_name(point): picks for (form, point), picks in picks_at.items() if form == "formatted"}
+    other = {point_name(point, form): picks for (form, point), picks in picks_at.items() if form != "formatted"}
+    result = fr.evaluate_policies(costs, formatted, weights, other)
+    where = f"{config.model or 'the default router'} on {result.rows} rows" + (
+        f" of split '{config.split}'" if config.split else ""
+    )
+    if config.plot is not None:
+        fr.plot_policies(
+            result, f"{config.plot}-cost.png", f"{config.plot}-latency.png", title=f"{where}: in-sample, no CV"
+        )
+    stored = fr.frontier_to_dict(result)
+    stored.update(
+        {
+            "evaluation": IN_SAMPLE_NOTE,
+            "calls": str(config.calls),
+            "pool": None if config.pool is None else str(config.pool),
+            "notes": list(costs.notes),
+            "operating_points": {point: point_name(point) for _, point in picks_at if point is not None},
+        }
+    )
+    report.frontier, report.frontier_record, report.cost_notes = result, stored, list(costs.notes)
+    report.frontier_title = f"cost and latency of {where}; reference: {result.reference}\n{IN_SAMPLE_NOTE}"
