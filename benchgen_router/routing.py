@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,40 @@ def route_queries(
                 flags[rows] = output.out_of_distribution.cpu().numpy()
             bar.update(len(rows))
     return Routed(logits, embeddings, picks, scores, flags, points)
+
+
+EMPTY_QUERY = "tokenizes to nothing (only zero-width or control characters)"
+
+
+def route_results(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
+    progress: bool = False,
+    operating_points: str | Sequence[str | None] | None = None,
+) -> list[dict[str, Any] | None]:
+    """results_for() of each text, None for one that tokenizes to nothing (EMPTY_QUERY): the one query ->
+    result routine of the command line, bulk routing and the service, so that a query no router can
+    score never fails the others. Arguments as route_queries'."""
+    route = partial(route_queries, model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+    try:
+        return results_for(model, route(texts, progress=progress, operating_points=operating_points))
+    except EmptyQueryError as err:
+        empty = set(err.positions)  # every such query, found by one tokenization before the model ran
+    keep = [i for i in range(len(texts)) if i not in empty]
+    if operating_points is not None and not isinstance(operating_points, str):
+        operating_points = [operating_points[i] for i in keep]
+    results = iter(
+        results_for(model, route([texts[i] for i in keep], progress=progress, operating_points=operating_points))
+    )
+    return [None if i in empty else next(results) for i in range(len(texts))]
+
+
+def query_record(line: int, identifier: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """What routing a file writes per query: {"line", "id" (when the input has one), **the result}."""
+    return {"line": line, **({"id": identifier} if identifier is not None else {}), **result}
 
 
 def run_router(

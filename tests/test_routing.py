@@ -228,3 +228,20 @@ def test_a_single_head_router_refuses_an_operating_point_and_names_none(converte
     assert "operating_point" not in pick_agent(QUERIES[0], model=folder)
     with pytest.raises(UsageError, match="single head and no operating points"):
         pick_agent(QUERIES[0], model=folder, operating_point="quality")
+
+
+def test_route_results_skips_only_the_queries_that_tokenize_to_nothing():
+    """The routine of the command line, bulk routing and the service: a query no router can score is
+    None at its position, and every other query gets what it gets alone, at its own point (the
+    committed router: BERT's tokenizer keeps nothing of a zero-width space)."""
+    model, tokenizer = load_router(None)
+    texts = [QUERIES[0], "\u200b", QUERIES[1], "\ufeff", QUERIES[2]]
+    points = ["fast", "quality", None, "fast", "quality"]
+    results = routing.route_results(model, tokenizer, texts, operating_points=points)
+    assert [result is None for result in results] == [False, True, False, True, False]
+    for position in (0, 2, 4):
+        alone = routing.route_results(model, tokenizer, [texts[position]], operating_points=points[position])
+        assert results[position]["picked_agent"] == alone[0]["picked_agent"]
+        assert results[position]["operating_point"] == (points[position] or "balanced")
+        assert np.allclose(list(results[position]["logits"].values()), list(alone[0]["logits"].values()), atol=1e-5)
+    assert routing.route_results(model, tokenizer, ["\u200b"]) == [None]

@@ -250,9 +250,9 @@ BAD_REQUESTS = [
     (b'{"queries": [""]}', 422, "query 0 is empty"),
     (b'{"queries": ["  \\n\\t "]}', 422, "query 0 is empty"),
     (b'{"queries": ["\\ud800"]}', 422, "not valid UTF-8"),
-    (b'{"queries": ["fine", "\\u200b"]}', 422, "query 1 has no tokens"),
-    (b'{"queries": ["\\ufeff"]}', 422, "query 0 has no tokens"),
-    (b'{"queries": ["\\u0001"]}', 422, "query 0 has no tokens"),
+    (b'{"queries": ["fine", "\\u200b"]}', 422, "query 1 tokenizes to nothing"),
+    (b'{"queries": ["\\ufeff"]}', 422, "query 0 tokenizes to nothing"),
+    (b'{"queries": ["\\u0001"]}', 422, "query 0 tokenizes to nothing"),
     (json.dumps({"queries": ["q"] * (MAX_QUERIES + 1)}).encode(), 413, f"limit of {MAX_QUERIES}"),
     (json.dumps({"queries": ["x" * MAX_BYTES]}).encode(), 413, f"limit of {MAX_BYTES}"),
     (b'{"queries": ["a"], "operating_point": "cheap"}', 422, "'cheap' is not one of this router's"),
@@ -499,7 +499,7 @@ def test_ray_data_records_equal_the_local_engine(service, tmp_path, caplog):
     assert same_records(got, want)
     assert result.routed == len(want) == 27
     assert [line for line, _ in result.skipped] == [5, 10, 13, 31]
-    assert "no tokens" in result.skipped[-1][1]
+    assert "tokenizes to nothing" in result.skipped[-1][1]
     assert "line 5: not valid JSON" in caplog.text
     assert not list(tmp_path.glob(".ray.jsonl.*"))  # no temporary file left
 

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
@@ -191,3 +192,25 @@ def test_start_up_checks_are_one_line_in_bounded_time():
     with pytest.raises(UsageError, match="no Ray cluster answers"):
         check_reachable(f"127.0.0.1:{port}")
     assert time.monotonic() - started < 15
+
+
+def test_a_draining_ingress_refuses_new_requests_and_waits_for_those_it_took():
+    from benchgen_router.serving.app import RouterIngress
+
+    cls = RouterIngress.func_or_class  # the class Ray Serve deploys, its methods run without Ray
+    ingress = SimpleNamespace(draining=False, in_flight=2, described=None)
+
+    async def scenario() -> tuple[int, float, RequestProblem]:
+        started = asyncio.get_running_loop().time()
+        draining = asyncio.create_task(cls.drain(ingress, 5.0))
+        await asyncio.sleep(0.2)
+        with pytest.raises(RequestProblem) as refused:
+            await cls.ready(ingress)
+        ingress.in_flight = 0  # the two requests taken are answered
+        return await draining, asyncio.get_running_loop().time() - started, refused.value
+
+    left, waited, refused = asyncio.run(scenario())
+    assert left == 0 and 0.2 <= waited < 2.0
+    assert refused.status == 503 and "stopping" in refused.message
+    ingress.draining, ingress.in_flight = False, 1
+    assert asyncio.run(cls.drain(ingress, 0.2)) == 1  # bounded: what is still in flight after the timeout

@@ -283,7 +283,7 @@ def py_spy_summary(role: str, path: Path) -> list[str]:
         return [f"py-spy wrote no profile of the {role} (is py-spy installed, may it ptrace?)."]
     buckets = {
         "model (route_queries)": ("route_queries (",),
-        "request checks (parse, tokenizer)": ("parse_route_body", "token_problems"),
+        "request checks": ("parse_route_body", "read_body"),
         "batch merging": ("BatchMerger", "drain (", "submit ("),
         "HTTP (uvicorn, starlette, fastapi)": ("uvicorn", "starlette", "fastapi"),
         "Ray core (actor calls, object refs)": ("ray/_private", "ray/actor.py", "_raylet"),

@@ -124,40 +124,22 @@ def chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
         yield chunk
 
 
-def route_args(router: Any, tokenizer: Any, queries: list[Any], args: argparse.Namespace) -> Any:
-    """The model's decisions on these queries, batched and at the operating point the command asks for."""
-    from benchgen_router.routing import route_queries
-
-    texts = [q.text for q in queries]
-    return route_queries(
-        router, tokenizer, texts, args.batch_size, args.max_batch_tokens, operating_points=args.operating_point
-    )
-
-
 def route_chunk(router: Any, tokenizer: Any, queries: list[Any], args: argparse.Namespace) -> tuple[list, list]:
     """(records for the routable queries, Skipped for those that tokenize to nothing), input order."""
     from benchgen_router.files import Skipped
-    from benchgen_router.routing import EmptyQueryError, results_for
+    from benchgen_router.routing import EMPTY_QUERY, query_record, route_results
 
-    skipped = []
-    while queries:
-        try:
-            routed = route_args(router, tokenizer, queries, args)
-            break
-        except EmptyQueryError as err:
-            empty = set(err.positions)
-            skipped += [
-                Skipped(queries[i].line, "query tokenizes to nothing (zero-width or control characters only)")
-                for i in sorted(empty)
-            ]
-            queries = [q for i, q in enumerate(queries) if i not in empty]
-    else:
-        return [], skipped
-    results = results_for(router, routed)
-    return [
-        {"line": q.line, **({"id": q.id} if q.id is not None else {}), **r}
-        for q, r in zip(queries, results, strict=True)
-    ], skipped
+    texts = [query.text for query in queries]
+    results = route_results(
+        router, tokenizer, texts, args.batch_size, args.max_batch_tokens, operating_points=args.operating_point
+    )
+    records, skipped = [], []
+    for query, result in zip(queries, results, strict=True):
+        if result is None:
+            skipped.append(Skipped(query.line, f"query {EMPTY_QUERY}"))
+        else:
+            records.append(query_record(query.line, query.id, result))
+    return records, skipped
 
 
 def write_records(handle: TextIO, records: Sequence[dict[str, Any]], as_json: bool) -> None:
@@ -172,7 +154,7 @@ def route_command_line(args: argparse.Namespace) -> int:
     """Queries given as arguments: each must be routable (else one line, exit 2), printed in order."""
     from benchgen_router.errors import UsageError
     from benchgen_router.files import Query, text_problem
-    from benchgen_router.routing import EmptyQueryError, results_for
+    from benchgen_router.routing import EMPTY_QUERY, route_results
 
     queries = []
     for position, query in enumerate(args.queries, start=1):
@@ -180,14 +162,18 @@ def route_command_line(args: argparse.Namespace) -> int:
             raise UsageError(f"{problem}; a router cannot score it.")
         queries.append(Query(position, query))
     router, tokenizer = load(args)
-    try:
-        routed = route_args(router, tokenizer, queries, args)
-    except EmptyQueryError as err:
-        numbers = ", ".join(str(queries[i].line) for i in err.positions)
-        raise UsageError(
-            f"query {numbers} tokenizes to nothing but special tokens; a router cannot score it."
-        ) from None
-    write_records(sys.stdout, results_for(router, routed), as_json=args.json)
+    results = route_results(
+        router,
+        tokenizer,
+        [query.text for query in queries],
+        args.batch_size,
+        args.max_batch_tokens,
+        operating_points=args.operating_point,
+    )
+    empty = [str(query.line) for query, result in zip(queries, results, strict=True) if result is None]
+    if empty:
+        raise UsageError(f"query {', '.join(empty)} {EMPTY_QUERY}; a router cannot score it.")
+    write_records(sys.stdout, results, as_json=args.json)
     return EXIT_OK
 
 

@@ -20,7 +20,6 @@ _LAZY = {
     "RouterReplica": "replica",
     "pool_for_router": "replica",
     "route_items": "replica",
-    "token_problems": "replica",
     "APP_NAME": "service",
     "RunningService": "service",
     "free_port": "service",

@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve as ray_serve
 from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -55,6 +56,9 @@ BODY_TIMEOUT_S = 10.0
 INGRESS_MAX_ONGOING = 2048
 # How long a request waits for the router to be loaded before a 503; a probe answers at once.
 READY_WAIT_S = 1.0
+# What a call to the replicas raises when one died or the service stops (a replica unavailable,
+# the deployment gone): answered with a 503, retry.
+REPLICA_FAILURES = (RayError, RayServeException)
 ROUTED_COUNTER = "benchgen_router_routed_queries"
 REJECTED_COUNTER = "benchgen_router_rejected_requests"
 
@@ -258,6 +262,8 @@ class RouterIngress:
         self.max_queries = max_queries
         self.max_request_bytes = max_request_bytes
         self.described: asyncio.Task | None = None  # the replicas' description, asked for once
+        self.draining = False  # set by drain(): the service is stopping
+        self.in_flight = 0  # /v1/route requests taken and not yet answered
         self.routed = ServeCounter(ROUTED_COUNTER, description="Queries routed, by picked agent.", tag_keys=("agent",))
         self.rejected = ServeCounter(REJECTED_COUNTER, description="Requests refused, by status.", tag_keys=("status",))
 
@@ -274,7 +280,7 @@ class RouterIngress:
             return await asyncio.wait_for(asyncio.shield(self.described), wait_s)
         except TimeoutError:
             raise RequestProblem(503, "the router is still loading; retry in a few seconds.") from None
-        except RayError as err:
+        except REPLICA_FAILURES as err:
             raise RequestProblem(503, f"no router replica answers ({type(err).__name__}); retry.") from None
 
     async def ask_description(self) -> dict[str, Any]:
@@ -285,7 +291,19 @@ class RouterIngress:
         or the pool file does not fit), or None; waits for the replicas to load."""
         return (await self.description(None))["problem"]
 
+    async def drain(self, timeout_s: float) -> int:
+        """Stop taking requests (a 503 for new ones, /healthz included) and wait, up to `timeout_s`,
+        until those taken are answered; the number still in flight then. Called before the
+        replicas are stopped, so that no request taken is left without them."""
+        self.draining = True
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.in_flight and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        return self.in_flight
+
     async def ready(self) -> dict[str, Any]:
+        if self.draining:
+            raise RequestProblem(503, "the service is stopping; retry shortly or on another instance.")
         described = await self.description(READY_WAIT_S)
         if described["problem"]:
             raise RequestProblem(503, described["problem"])
@@ -308,13 +326,20 @@ class RouterIngress:
         summary="Pick the agent for each query",
     )
     async def route(self, request: Request) -> JSONResponse:
+        self.in_flight += 1
+        try:
+            return await self.route_counted(request)
+        finally:
+            self.in_flight -= 1
+
+    async def route_counted(self, request: Request) -> JSONResponse:
         try:
             described = await self.ready()
             body = await read_body(request, self.max_request_bytes)
             queries, asked = parse_route_body(body, self.max_queries)
             try:
                 answer = await self.router.route.remote(queries, asked)
-            except RayError as err:  # the replica died, or the service is stopping
+            except REPLICA_FAILURES as err:  # the replica died, or the service is stopping
                 raise RequestProblem(503, f"the router replica failed ({type(err).__name__}); retry.") from None
             if "error" in answer:
                 raise RequestProblem(answer["status"], answer["error"])

@@ -34,8 +34,8 @@ from benchgen_router.files import (
     text_problem,
 )
 from benchgen_router.loading import load_router
-from benchgen_router.routing import operating_point_of
-from benchgen_router.serving.replica import route_texts, set_torch_threads, token_problems
+from benchgen_router.routing import EMPTY_QUERY, operating_point_of, query_record, route_results
+from benchgen_router.serving.replica import set_torch_threads
 from benchgen_router.serving.service import check_cpus, check_positive, check_router_point, start_ray
 
 logger = logging.getLogger("benchgen_router.serving")
@@ -75,19 +75,13 @@ class BulkRouter:
         texts = list(batch.pop("text"))
         problems = [text_problem(text, self.text_name) for text in texts]
         readable = [i for i, problem in enumerate(problems) if problem is None]
-        for i, problem in zip(
-            readable, token_problems(self.tokenizer, self.router.config, [texts[i] for i in readable]), strict=True
-        ):
-            if problem:
-                problems[i] = f"{self.text_name} {problem}"
-        routable = [i for i, problem in enumerate(problems) if problem is None]
         results = [""] * len(texts)
-        outcomes = route_texts(
-            self.router, self.tokenizer, [texts[i] for i in routable], [self.operating_point] * len(routable)
+        outcomes = route_results(
+            self.router, self.tokenizer, [texts[i] for i in readable], operating_points=self.operating_point
         )
-        for i, outcome in zip(routable, outcomes, strict=True):
-            if isinstance(outcome, str):
-                problems[i] = outcome
+        for i, outcome in zip(readable, outcomes, strict=True):
+            if outcome is None:
+                problems[i] = f"{self.text_name} {EMPTY_QUERY}"
             else:
                 results[i] = json.dumps(outcome)
         batch["result"] = np.array(results, dtype=object)
@@ -249,11 +243,7 @@ def route_file_with_ray(
                         skipped.append((line, problem))
                         continue
                     identifier = json_value(row_id) if parquet else ids.get(line)
-                    record = {
-                        "line": line,
-                        **({"id": identifier} if identifier is not None else {}),
-                        **json.loads(result),
-                    }
+                    record = query_record(line, identifier, json.loads(result))
                     picks[record["picked_agent"]] += 1
                     handle.write(json.dumps(record, default=str) + "\n")
     skipped.sort()

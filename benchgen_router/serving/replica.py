@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import functools
 import hashlib
 import json
@@ -25,7 +24,7 @@ from ray import serve as ray_serve
 
 from benchgen_router.errors import UsageError, first_line
 from benchgen_router.loading import load_router
-from benchgen_router.routing import results_for, route_queries
+from benchgen_router.routing import EMPTY_QUERY, route_results
 
 REPLICA_NAME = "Router"
 # One torch thread per CPU a replica is given. More threads than free cores is much slower: on a
@@ -34,47 +33,10 @@ REPLICA_NAME = "Router"
 DEFAULT_REPLICA_CPUS = 1
 
 
-def token_problems(tokenizer: Any, config: Any, texts: Sequence[str]) -> list[str | None]:
-    """For each text, why the router cannot score it, or None. A text whose tokens are only the
-    tokenizer's own special ones ([CLS] [SEP] for BERT, nothing for Qwen) carries nothing to route
-    on: zero-width spaces, byte-order marks and lone control characters tokenize to nothing, and
-    the model refuses such a query (ValueError), so they are found here, before the model runs."""
-    if not texts:
-        return []
-    special = getattr(config, "special_tokens_per_query", 0)
-    encoded = tokenizer(list(texts), add_special_tokens=True)["input_ids"]
-    return [
-        "has no tokens this router can read (only invisible or control characters)" if len(ids) <= special else None
-        for ids in encoded
-    ]
-
-
-def route_texts(
-    router: Any, tokenizer: Any, texts: Sequence[str], points: Sequence[str | None] | None = None
-) -> list[dict[str, Any] | str]:
-    """pick_agent's result for each text, from one model run, each at its operating point (`points`,
-    one per text, checked beforehand; None: all at the router's default). A text the model still
-    refuses (ValueError: it checks for empty queries itself) gets its one-line reason instead of a
-    result, found by routing the batch's texts one at a time, so it never fails the others."""
-    try:
-        return results_for(router, route_queries(router, tokenizer, texts, operating_points=points))
-    except ValueError:
-        outcomes: list[dict[str, Any] | str] = []
-        for position, text in enumerate(texts):
-            try:
-                point = None if points is None else points[position]
-                outcomes.append(
-                    results_for(router, route_queries(router, tokenizer, [text], operating_points=point))[0]
-                )
-            except ValueError as err:
-                outcomes.append(first_line(err))
-        return outcomes
-
-
-def route_items(router: Any, tokenizer: Any, items: Sequence[tuple[str, str | None]]) -> list[dict[str, Any] | str]:
-    """route_texts() of (text, operating point) pairs: the replicas' batches, whose requests may
-    each ask for a different point."""
-    return route_texts(router, tokenizer, [text for text, _ in items], [point for _, point in items])
+def route_items(router: Any, tokenizer: Any, items: Sequence[tuple[str, str | None]]) -> list[dict[str, Any] | None]:
+    """route_results() of (text, operating point) pairs: the replicas' merged batches, whose requests
+    may each ask for a different point (checked beforehand). None: the text tokenizes to nothing."""
+    return route_results(router, tokenizer, [text for text, _ in items], operating_points=[point for _, point in items])
 
 
 def router_identity(router: Any, model: str | None, revision: str | None) -> dict[str, str | None]:
@@ -232,9 +194,6 @@ class RouterReplica:
             # Reported to the driver (describe()), which stops the service with this line.
             self.problem = str(err)
             return
-        # Its own tokenizer for request checks: a fast tokenizer used from two threads at once
-        # can fail ("Already borrowed") when one of them changes its truncation settings.
-        self.check_tokenizer = copy.deepcopy(self.tokenizer)
         self.identity = router_identity(self.router, model, revision)
         try:
             # Resolved once: requests without a point get this one (None for a router with one head).
@@ -262,11 +221,8 @@ class RouterReplica:
             if problem:
                 return {"status": 422, "error": problem}
             point = asked_point
-        for position, problem in enumerate(token_problems(self.check_tokenizer, self.router.config, queries)):
-            if problem:
-                return {"status": 422, "error": f"query {position} {problem}; a router cannot score it."}
         outcomes = await self.merger.submit([(query, point) for query in queries])
-        for position, outcome in enumerate(outcomes):
-            if isinstance(outcome, str):
-                return {"status": 422, "error": f"query {position} cannot be routed ({outcome})."}
+        empty = [str(position) for position, outcome in enumerate(outcomes) if outcome is None]
+        if empty:
+            return {"status": 422, "error": f"query {', '.join(empty)} {EMPTY_QUERY}; a router cannot score it."}
         return {"results": outcomes}

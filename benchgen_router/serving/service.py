@@ -69,8 +69,8 @@ class RunningService:
 
 
 def shutdown_service(owns_ray: bool, connected: bool) -> None:
-    """Stop the service. First the application alone, while Ray Serve's HTTP proxy still runs: its
-    replicas stop taking requests and answer those in flight (up to DRAIN_TIMEOUT_S). Then, on
+    """Stop the service. First the ingress stops taking requests and answers those it took (up to
+    DRAIN_TIMEOUT_S); then the application is deleted while Ray Serve's HTTP proxy still runs. Then, on
     the local Ray started for it, Ray itself (raylet, GCS, Serve's controller and proxy, workers:
     stopping Serve on its own first only adds retry warnings from its dying controller). On a Ray
     someone else runs (a cluster, or this process's own), nothing more, leaving other Serve
@@ -78,11 +78,27 @@ def shutdown_service(owns_ray: bool, connected: bool) -> None:
     if not ray.is_initialized():
         return
     try:
+        drain_ingress()
+    except Exception as err:  # e.g. the ingress died: the replicas are stopped all the same
+        logger.warning("draining the service failed (%s); stopping it anyway", first_line(err))
+    try:
         ray_serve.delete(APP_NAME)
     except Exception as err:  # a dead cluster must not keep us from disconnecting
         logger.warning("stopping the service failed (%s); disconnecting anyway", first_line(err))
     if connected:
         ray.shutdown()
+
+
+def drain_ingress() -> None:
+    """The ingress of a running service stops taking requests and answers those it took, while the
+    replicas they wait on still run (up to DRAIN_TIMEOUT_S)."""
+    application = ray_serve.status().applications.get(APP_NAME)
+    if application is None or application.status != "RUNNING":
+        return
+    handle = ray_serve.get_app_handle(APP_NAME)
+    left = handle.drain.remote(DRAIN_TIMEOUT_S).result(timeout_s=DRAIN_TIMEOUT_S + 5)
+    if left:
+        logger.warning("stopping with %d request%s unanswered after %g s", left, "s" * (left != 1), DRAIN_TIMEOUT_S)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
