@@ -57,7 +57,10 @@ def load_theta(path: Path, expected_size: int, manifest: dict[str, Any]) -> np.n
     except OSError as err:
         raise UsageError(f"{path} is not a readable .npy file ({err}).") from None
     if theta.ndim != 1:
-        raise UsageError(f"{path} has shape {theta.shape}; the head must be one flat 1-D vector (REFERENCE.md layout).")
+        raise UsageError(
+            f"{path} has shape {theta.shape}; the head must be one flat 1-D vector "
+            "(the weights row-major, then the bias)."
+        )
     if not np.issubdtype(theta.dtype, np.floating):
         raise UsageError(f"{path} has dtype {theta.dtype}; the head must be a float vector.")
     if theta.size != expected_size:

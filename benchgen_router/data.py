@@ -1,4 +1,4 @@
-"""Reward and task data: reading rows, the join on task_id, the held-out split (REFERENCE.md, "Training").
+"""Reward and task data: reading rows, the join on task_id, the held-out split (docs/reference.md, "Training").
 
 Rewards rows are joined with task prompts on task_id, R[i, j] is the mean reward of agent j on task
 i, and the held-out rows are those whose task split is the test split.
@@ -21,8 +21,8 @@ from benchgen_router.files import read_jsonl
 logger = logging.getLogger("benchgen_router")
 
 DEFAULT_TEST_SPLIT = "test"
-MIN_TRAIN_ROWS = 10  # REFERENCE.md: refuse to train on fewer than 10 joined rows
-FALLBACK_TEST_SHARE = 0.2  # REFERENCE.md: if no row is in the test split, a seeded random 20% is held out
+MIN_TRAIN_ROWS = 10  # docs/reference.md: refuse to train on fewer than 10 joined rows
+FALLBACK_TEST_SHARE = 0.2  # docs/reference.md: if no row is in the test split, a seeded random 20% is held out
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -116,7 +116,7 @@ def _check_reward_row(row: dict[str, Any], number: int, agents: list[str] | None
 def join_rewards(
     reward_rows: Sequence[dict[str, Any]], task_rows: Sequence[dict[str, Any]], min_rows: int = MIN_TRAIN_ROWS
 ) -> LabelledData:
-    """Join rewards with task prompts on task_id (REFERENCE.md), validating both.
+    """Join rewards with task prompts on task_id (docs/reference.md), validating both.
 
     Reward rows whose task_id has no task row are skipped, as the reference does ("skip rows
     without a prompt"); a task row that exists but carries no prompt text is an error, because it
@@ -171,7 +171,7 @@ def held_out_mask(data: LabelledData, test_split: str, seed: int) -> tuple[np.nd
     """Boolean mask of held-out rows and a description of how they were chosen.
 
     Rows whose split is test_split are held out. If none is and test_split is the default 'test',
-    a seeded random 20% is held out (REFERENCE.md); any other name that no row carries is an error,
+    a seeded random 20% is held out (docs/reference.md); any other name that no row carries is an error,
     since asking for a split that does not exist is almost always a typo.
     """
     mask = np.array([split == test_split for split in data.splits])

@@ -9,7 +9,7 @@ import numpy as np
 
 
 def baselines(rewards: np.ndarray) -> dict[str, float]:
-    """REFERENCE.md baselines over rows: uniform random, the single best agent, per-question oracle."""
+    """docs/reference.md baselines over rows: uniform random, the single best agent, per-question oracle."""
     return {
         "random_agent": float(rewards.mean()),
         "best_fixed_agent": float(rewards.mean(axis=0).max()),

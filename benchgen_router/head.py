@@ -1,4 +1,4 @@
-"""The head's flat parameter vector `theta` (REFERENCE.md, "Head"): the trainer's and the converter's format.
+"""The head's flat parameter vector `theta` (docs/reference.md, "Head"): the trainer's and the converter's format.
 
 Linear head (hidden_dim 0): theta = [W (D, N) row-major, b (N)], logits = emb @ W + b.
 MLP head (hidden_dim H > 0): theta = [W1 (D, H), b1 (H), W2 (H, N), b2 (N)],

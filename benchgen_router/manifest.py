@@ -1,5 +1,5 @@
 """The manifest schema, in one place: what the trainer writes next to head_weights.npy and the
-converter reads (REFERENCE.md, "manifest.json").
+converter reads (docs/reference.md, "manifest.json").
 
 Readers depend only on READER_KEYS; everything else is provenance, copied into the router's
 config (`config.training`) and shown on its model card, whatever its type.
@@ -60,7 +60,7 @@ PROVENANCE_KEYS = tuple(
     for k in REFERENCE_KEYS + PROJECT_KEYS
     if k not in ("history", "agent_order", "operating_points", "default_operating_point", "query_format")
 )
-DEFAULT_TRUNCATION_LENGTH = 1024  # REFERENCE.md: truncation=True, max_length=1024
+DEFAULT_TRUNCATION_LENGTH = 1024  # docs/reference.md: truncation=True, max_length=1024
 
 
 def agent_id_problem(agent: Any) -> str | None:

@@ -1,5 +1,5 @@
 """The search: separable CMA-ES over the head's flat parameter vector, and k-fold cross-validation
-(REFERENCE.md, "Training"): x0 = zeros, sigma0 0.5, 60 generations, seed 42, fitness = mean reward
+(docs/reference.md, "Training"): x0 = zeros, sigma0 0.5, 60 generations, seed 42, fitness = mean reward
 of the candidate's picks on the training rows, the best candidate ever seen kept.
 """
 
@@ -122,7 +122,7 @@ def search_head(
     library: str = DEFAULT_CMA_LIBRARY,
     progress: bool = False,
 ) -> SearchResult:
-    """Separable CMA-ES over the flat head vector (REFERENCE.md "Search").
+    """Separable CMA-ES over the flat head vector (docs/reference.md, "Training").
 
     x0 = zeros, fitness = mean training reward of the candidate's picks, maximised; every candidate
     of a generation is scored in one vectorised pass, and the best candidate ever seen is returned

@@ -1,4 +1,4 @@
-"""An independent, literal implementation of ../shared/REFERENCE.md, for parity tests.
+"""An independent, literal implementation of docs/reference.md, for parity tests.
 
 Written from the reference text alone (plain AutoTokenizer/AutoModel, numpy head); it shares no
 code with the package, so agreement means the package reproduces the reference.

@@ -16,7 +16,7 @@ from benchgen_router.loading import load_router
 from benchgen_router.routing import run_router
 from helpers import AGENTS, NO_PILOT, PILOT, cli, pilot_data, run_tool, synthetic_rows, write_jsonl
 
-# REFERENCE.md, "manifest.json": the keys the reference trainer writes (literally, not the package's list).
+# docs/reference.md, "manifest.json": the keys the reference trainer writes (literally, not the package's list).
 REFERENCE_KEYS = {
     "model_id",
     "backbone_model",

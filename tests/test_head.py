@@ -1,4 +1,4 @@
-"""head.py: the flat theta layout (REFERENCE.md, "Head"), its state dict, the vectorised numpy head
+"""head.py: the flat theta layout (docs/reference.md, "Head"), its state dict, the vectorised numpy head
 and the float32 finiteness rule."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_parameter_counts_of_both_head_shapes():
 def test_state_dict_is_the_reference_layout_transposed_for_nn_linear():
     theta = np.arange(4 * 3 + 3, dtype=np.float64)
     state = theta_to_state_dict(theta, 4, 3, 0)
-    # REFERENCE.md: W = theta[:D*N].reshape(D, N) row-major, b = theta[D*N:]; nn.Linear stores W.T
+    # docs/reference.md: W = theta[:D*N].reshape(D, N) row-major, b = theta[D*N:]; nn.Linear stores W.T
     assert np.array_equal(state["head.weight"].numpy(), theta[:12].reshape(4, 3).T.astype(np.float32))
     assert np.array_equal(state["head.bias"].numpy(), theta[12:].astype(np.float32))
     mlp = theta_to_state_dict(np.arange(head_param_count(4, 3, 2), dtype=np.float64), 4, 3, 2)

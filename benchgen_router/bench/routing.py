@@ -11,7 +11,7 @@ byte-level BPE tokenizer with Qwen's pre-tokenizer trained on the workload, samp
 prompts of ../shared/benchgen-pilot/tasks.v1.jsonl (beside the repository) by length quantile,
 and then runs each row in its own process (so one row's memory never counts towards another's peak):
 
-  (a) ref-single   the reference's pick_agent: one query at a time, float32 (REFERENCE.md, literally)
+  (a) ref-single   the reference's pick_agent: one query at a time, float32 (docs/reference.md, literally)
   (b) ref-batch16  the reference trainer's embedding: batches of 16 in input order, padded to the longest
   (c) default      the package: load_router + run_router (float32, packed batches, inference mode)
   (d) <mode>       each speed mode of speedups.SPEED_MODES (trial modes on request: --modes padded,int8,compile)
@@ -53,12 +53,12 @@ REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 
 DEFAULT_TASKS = REPOSITORY_ROOT.parent / "shared" / "benchgen-pilot" / "tasks.v1.jsonl"
 AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
-REFERENCE_MAX_LENGTH = 1024  # REFERENCE.md: truncation=True, max_length=1024
+REFERENCE_MAX_LENGTH = 1024  # docs/reference.md: truncation=True, max_length=1024
 VOCAB_SIZE = 151_936
 # 28 layers on 2 cores: about 80 s for row (a), under 10 minutes for the default rows in all.
 DEFAULT_CPU_QUERIES = 40  # Qwen3's embedding rows; the tokenizer uses a prefix of them
 
-# ../shared/REFERENCE.md, "Qwen/Qwen3-1.7B geometry".
+# docs/reference.md, "Qwen3-1.7B's geometry".
 QWEN3_1_7B = {
     "hidden_size": 2048,
     "intermediate_size": 6144,
@@ -375,7 +375,7 @@ def profile_top_ops(run: Any, top: int = 10) -> list[dict[str, Any]]:
 
 
 def reference_row(spec: dict[str, Any]) -> dict[str, Any]:
-    """(a) or (b): REFERENCE.md implemented literally (AutoTokenizer/AutoModel in float32, masked
+    """(a) or (b): docs/reference.md implemented literally (AutoTokenizer/AutoModel in float32, masked
     mean pool, numpy head). (a) also centres the head's bias on calibration prompts (not in the
     sample), so that random logits spread the picks over the agents instead of favouring one."""
     import torch
