@@ -167,7 +167,7 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
         if form == "formatted":
             report.evaluations[point] = evaluation
     if costs is not None:
-        cost_frontier(report, model, in_pool_order(costs, pool), picks_at, config)
+        place_against_fixed_agents(report, model, in_pool_order(costs, pool), picks_at, config)
     queries_file = config.ood_queries or PACKAGED_OOD_QUERIES
     if model.guards_queries and queries_file.is_file():
         queries, groups = read_ood_queries(queries_file)
@@ -186,7 +186,7 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
     return report
 
 
-def cost_frontier(
+def place_against_fixed_agents(
     report: EvaluateReport,
     model: Any,
     costs: Any,

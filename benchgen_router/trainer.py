@@ -201,7 +201,9 @@ def train(config: TrainConfig) -> TrainResult:
 
     frontier, target, cv = None, None, None
     if cost_data is not None and config.cv_folds:
-        frontier, target = cost_frontier(config, embeddings, cost_data, points, options, progress, {"plain": plain})
+        frontier, target = cross_validated_frontier(
+            config, embeddings, cost_data, points, options, progress, {"plain": plain}
+        )
         timings["frontier_cv_seconds"] = frontier.pop("seconds")
     elif config.cv_folds:
         started = time.perf_counter()
@@ -351,7 +353,7 @@ def point_search(embeddings: Any, rewards: Any, utility: Any, options: dict[str,
     return replace(runs[0], theta=theta, train_reward=reward, seconds=sum(run.seconds for run in runs))
 
 
-def cost_frontier(
+def cross_validated_frontier(
     config: TrainConfig,
     embeddings: Any,
     cost_data: Any,
