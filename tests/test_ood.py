@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -580,31 +579,19 @@ def test_ood_query_set_is_well_formed():
     assert min(groups.count(group) for group in set(groups)) >= 10
 
 
-def embed_everything() -> dict[str, np.ndarray | list[str]]:
-    """Default-router embeddings of every pilot prompt and every OOD query, in one pass each."""
-    tasks = read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")
-    queries, groups = read_ood_queries()
-    model, tokenizer = load_router(None)
-    started = time.perf_counter()
-    pilot_logits, pilot = run_router(model, tokenizer, [task["prompt"] for task in tasks])
-    pilot_seconds = time.perf_counter() - started
-    ood_logits, outside = run_router(model, tokenizer, queries)
-    return {
-        "pilot": pilot,
-        "ood": outside,
-        "groups": groups,
-        "tasks": tasks,
-        "pilot_seconds": pilot_seconds,
-        "pilot_picks": pilot_logits.argmax(1),
-        "ood_picks": ood_logits.argmax(1),
-    }
-
-
 @pytest.fixture(scope="module")
 def real():
+    """The default router's embeddings of every pilot prompt and of the packaged OOD queries."""
     if not (PILOT / "tasks.v1.jsonl").exists():
         pytest.skip(f"pilot data not found at {PILOT} (CI has it)")
-    return embed_everything()
+    queries, groups = read_ood_queries()
+    model, tokenizer = load_router(None)
+    prompts = [task["prompt"] for task in read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")]
+    return {
+        "pilot": run_router(model, tokenizer, prompts)[1],
+        "ood": run_router(model, tokenizer, queries)[1],
+        "groups": groups,
+    }
 
 
 @pytest.mark.slow
