@@ -21,7 +21,7 @@ pytest.importorskip("ray.serve")
 from starlette.requests import Request
 
 from benchgen_router.errors import UsageError
-from benchgen_router.serving.app import RequestProblem, parse_route_body, read_body
+from benchgen_router.serving.app import DEFAULT_MAX_REQUEST_BYTES, RequestProblem, parse_route_body, read_body
 from benchgen_router.serving.replica import (
     BatchMerger,
     operating_points_of,
@@ -214,3 +214,22 @@ def test_a_draining_ingress_refuses_new_requests_and_waits_for_those_it_took():
     assert refused.status == 503 and "stopping" in refused.message
     ingress.draining, ingress.in_flight = False, 1
     assert asyncio.run(cls.drain(ingress, 0.2)) == 1  # bounded: what is still in flight after the timeout
+
+
+def test_the_application_for_serve_run_is_the_one_serve_deploys():
+    """`serve run benchgen_router.serving.service:app_builder model=... replicas=2`: the ingress bound
+    to the router replicas, with the arguments Ray Serve passes as text; bad ones are one line."""
+    from benchgen_router.serving.service import app_builder
+
+    application = app_builder({"replicas": "2", "max_queries": "16", "operating_point": "fast"})
+    ingress = application._bound_deployment
+    routers = ingress.init_args[0]._bound_deployment
+    assert (ingress.name, routers.name) == ("Ingress", "Router")
+    assert routers.num_replicas == 2 and ingress.init_args[1:] == (16, DEFAULT_MAX_REQUEST_BYTES)
+    assert routers.init_args[0] is None and routers.init_args[-1] == "fast"  # None: the default router
+    with pytest.raises(UsageError, match="unknown argument"):
+        app_builder({"replica": "2"})
+    with pytest.raises(UsageError, match="replicas must be a number"):
+        app_builder({"replicas": "two"})
+    with pytest.raises(UsageError, match="replicas must be a positive integer"):
+        app_builder({"replicas": "0"})

@@ -21,6 +21,7 @@ _LAZY = {
     "pool_for_router": "replica",
     "route_items": "replica",
     "APP_NAME": "service",
+    "build_application": "service",
     "RunningService": "service",
     "free_port": "service",
     "read_pool_file": "service",

@@ -202,6 +202,68 @@ def check_router_point(model: str | None, revision: str | None, operating_point:
         raise UsageError(first_line(err)) from None
 
 
+def build_application(
+    model: str | None = None,
+    *,
+    revision: str | None = None,
+    backbone: str | None = None,
+    pool: list[dict[str, Any]] | None = None,
+    replicas: int = 1,
+    cpus: int = DEFAULT_REPLICA_CPUS,
+    max_batch_size: int = 32,
+    batch_wait_ms: float = 0.0,
+    max_queries: int = DEFAULT_MAX_QUERIES,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    operating_point: str | None = None,
+    access_log: bool = False,
+) -> Any:
+    """The service as a Ray Serve application: the ingress bound to `replicas` router replicas of
+    `cpus` CPUs each. serve() runs it; `serve run benchgen_router.serving.service:app_builder
+    model=./router` runs it with Ray Serve's own command (arguments as serve()'s, as text)."""
+    routers = RouterReplica.options(
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": cpus},
+        # The ingress hands over whole requests; enough of them per replica to fill the next
+        # batch while one is scored.
+        max_ongoing_requests=max(2 * max_batch_size, 8),
+        graceful_shutdown_wait_loop_s=0.5,
+        graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S,
+        health_check_period_s=2,
+        max_constructor_retry_count=3,
+        logging_config={"enable_access_log": access_log},
+    ).bind(model, revision, backbone, pool, cpus, max_batch_size, batch_wait_ms / 1000, operating_point)
+    return RouterIngress.options(
+        ray_actor_options={"num_cpus": 0},  # it waits on the network, and never loads the model
+        max_ongoing_requests=INGRESS_MAX_ONGOING,
+        graceful_shutdown_wait_loop_s=0.5,
+        # Longer than the replicas': a request whose replica is stopped at the deadline still
+        # gets its 503 from the ingress.
+        graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S + 5,
+        logging_config={"enable_access_log": access_log},
+    ).bind(routers, max_queries, max_request_bytes)
+
+
+def app_builder(args: dict[str, str]) -> Any:
+    """For `serve run benchgen_router.serving.service:app_builder key=value ...`: model, revision,
+    backbone, pool (a pool file), replicas, cpus, max_batch_size, max_queries, max_request_bytes,
+    operating_point."""
+    integers = ("replicas", "cpus", "max_batch_size", "max_queries", "max_request_bytes")
+    known = {"model", "revision", "backbone", "pool", "operating_point", "batch_wait_ms", *integers}
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise UsageError(f"unknown argument(s) {', '.join(unknown)}; pass some of {', '.join(sorted(known))}.")
+    settings: dict[str, Any] = {key: value for key, value in args.items() if key not in ("model", "pool")}
+    for key in settings:
+        if key in integers or key == "batch_wait_ms":
+            try:
+                settings[key] = int(settings[key]) if key in integers else float(settings[key])
+            except ValueError:
+                raise UsageError(f"{key} must be a number, got {settings[key]!r}.") from None
+            check_positive(key, settings[key], integer=key in integers)
+    pool = read_pool_file(args["pool"]) if "pool" in args else None
+    return build_application(args.get("model"), pool=pool, **settings)
+
+
 def check_positive(name: str, value: float, integer: bool = True) -> None:
     if (integer and (not isinstance(value, int) or value < 1)) or value < 0:
         kind = "a positive integer" if integer else "a number >= 0"
@@ -304,27 +366,20 @@ def serve(
             http_options={"host": host, "port": port},
             logging_config={"log_level": system_log_level, "enable_access_log": access_log},
         )
-        routers = RouterReplica.options(
-            num_replicas=replicas,
-            ray_actor_options={"num_cpus": cpus},
-            # The ingress hands over whole requests; enough of them per replica to fill the next
-            # batch while one is scored.
-            max_ongoing_requests=max(2 * max_batch_size, 8),
-            graceful_shutdown_wait_loop_s=0.5,
-            graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S,
-            health_check_period_s=2,
-            max_constructor_retry_count=3,
-            logging_config={"enable_access_log": access_log},
-        ).bind(model, revision, backbone, pool, cpus, max_batch_size, batch_wait_ms / 1000, operating_point)
-        application = RouterIngress.options(
-            ray_actor_options={"num_cpus": 0},  # it waits on the network, and never loads the model
-            max_ongoing_requests=INGRESS_MAX_ONGOING,
-            graceful_shutdown_wait_loop_s=0.5,
-            # Longer than the replicas': a request whose replica is stopped at the deadline still
-            # gets its 503 from the ingress.
-            graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S + 5,
-            logging_config={"enable_access_log": access_log},
-        ).bind(routers, max_queries, max_request_bytes)
+        application = build_application(
+            model,
+            revision=revision,
+            backbone=backbone,
+            pool=pool,
+            replicas=replicas,
+            cpus=cpus,
+            max_batch_size=max_batch_size,
+            batch_wait_ms=batch_wait_ms,
+            max_queries=max_queries,
+            max_request_bytes=max_request_bytes,
+            operating_point=operating_point,
+            access_log=access_log,
+        )
         handle = ray_serve.run(application, name=APP_NAME, route_prefix="/")
         service = RunningService(
             url=f"http://{host}:{port}",
