@@ -17,3 +17,8 @@ def first_line(err: BaseException) -> str:
 class Terminated(BaseException):
     """SIGTERM, raised where the work is, so that it unwinds as for Ctrl-C: temporary files are
     removed, a service drains, and the previous output is kept."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """A SIGTERM handler: Terminated where the main thread is."""
+    raise Terminated

@@ -504,6 +504,21 @@ def fallback_agent(rewards: np.ndarray, costs: np.ndarray | None = None, toleran
 GUARD_FILE = "ood_guard.safetensors"  # next to head_weights.npy in a trainer's output folder
 _DATA = Path(__file__).resolve().parent / "data"
 PACKAGED_OOD_QUERIES = _DATA / "ood_queries.jsonl"  # measuring only: never fitted on
+# Groups of the packaged OOD set: plainly not benchmark items (the guard must flag them), and
+# phrased like benchmark items (reported, with no target).
+PLAIN_OOD_GROUPS = (
+    "turkish",
+    "german",
+    "chinese",
+    "arabic",
+    "russian",
+    "hindi",
+    "japanese",
+    "code_tooling",
+    "chit_chat",
+    "everyday_writing_planning",
+)
+BENCHMARK_STYLE_OOD_GROUPS = ("benchmark_style_templated", "foreign_templated", "benchmark_style_plain")
 PACKAGED_PLAIN_QUERIES = _DATA / "plain_queries.jsonl"  # measuring only: in-domain questions as users type them
 PACKAGED_GUARD_INSIDE = _DATA / "guard_fit_inside.jsonl"  # fitting: in-domain questions as users type them
 PACKAGED_GUARD_OUTSIDE = _DATA / "guard_fit_outside.jsonl"  # fitting: queries the guard must flag

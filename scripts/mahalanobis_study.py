@@ -26,20 +26,8 @@ from benchgen_router.routing import run_router
 
 PILOT = Path(__file__).resolve().parents[1].parent / "shared" / "benchgen-pilot"
 KEEP = ood.DEFAULT_KEEP_SHARE
-# Groups plainly not benchmark items, and those phrased like benchmark items (see docs/ood-guard.md).
-PLAIN_GROUPS = (
-    "turkish",
-    "german",
-    "chinese",
-    "arabic",
-    "russian",
-    "hindi",
-    "japanese",
-    "code_tooling",
-    "chit_chat",
-    "everyday_writing_planning",
-)
-HARD_GROUPS = ("benchmark_style_templated", "foreign_templated", "benchmark_style_plain")
+PLAIN_GROUPS = ood.PLAIN_OOD_GROUPS
+HARD_GROUPS = ood.BENCHMARK_STYLE_OOD_GROUPS
 
 
 def as_rows(embeddings: np.ndarray, what: str = "embeddings") -> np.ndarray:

@@ -32,23 +32,10 @@ from helpers import (
 )
 
 OOD_QUERIES = Path(ood.__file__).resolve().parent / "data" / "ood_queries.jsonl"
-# Groups that are plainly not benchmark items: the guard must flag >= 95% of them.
-PLAIN_GROUPS = (
-    "turkish",
-    "german",
-    "chinese",
-    "arabic",
-    "russian",
-    "hindi",
-    "japanese",
-    "code_tooling",
-    "chit_chat",
-    "everyday_writing_planning",
-)
+PLAIN_GROUPS = ood.PLAIN_OOD_GROUPS
 # Near the pilot's domains: writing, code and chit-chat on its subjects, its questions in other languages.
 NEAR_GROUPS = ("writing_near_domain", "code_near_domain", "chit_chat_near_domain", "foreign_plain", "foreign_wrapped")
-# Phrased like benchmark items (reported, no target); the first two wear the pilot's answer-format lines.
-HARD_GROUPS = ("benchmark_style_templated", "foreign_templated", "benchmark_style_plain")
+HARD_GROUPS = ood.BENCHMARK_STYLE_OOD_GROUPS
 KEEP = ood.DEFAULT_KEEP_SHARE
 needs_pilot = pytest.mark.skipif(
     not (PILOT / "tasks.v1.jsonl").exists(), reason=f"pilot data not found at {PILOT} (CI has it)"

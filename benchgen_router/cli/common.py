@@ -17,9 +17,8 @@ import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from benchgen_router.errors import Terminated
+from benchgen_router.errors import Terminated, raise_terminated
 
 EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 70, 130, 141
 EXIT_TERMINATED = 143
@@ -27,10 +26,6 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 done; 1 some lines skipped, the rest done; 2 bad usage or input (nothing written); "
     "70 unexpected error; 130 interrupted; 141 stdout closed early; 143 stopped by SIGTERM"
 )
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated
 
 
 def integer_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -116,7 +111,7 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
 
     verbose = getattr(args, "verbose", False)
     on_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if on_main_thread else None
     try:
         return _run(command, args, verbose)
     finally:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from benchgen_router.errors import Terminated, UsageError, first_line
+from benchgen_router.errors import UsageError, first_line, raise_terminated
 from benchgen_router.files import (
     Query,
     atomic_output,
@@ -132,10 +132,6 @@ def ray_for_bulk(address: str | None, num_cpus: int, progress: bool) -> Iterator
             ray.shutdown()
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
-
-
-def raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated
 
 
 def route_file_with_ray(
