@@ -12,14 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.3.0"
-__all__ = ["EmptyQueryError", "UsageError", "load_router", "pick_agent", "run_router"]
+__all__ = ["EmptyQueryError", "InputError", "RouterError", "RouterTypeError", "load_router", "pick_agent", "run_router"]
 
 _LAZY = {
     "pick_agent": "benchgen_router.routing",
     "run_router": "benchgen_router.routing",
     "EmptyQueryError": "benchgen_router.routing",
     "load_router": "benchgen_router.loading",
-    "UsageError": "benchgen_router.errors",
+    "InputError": "benchgen_router.errors",
+    "RouterError": "benchgen_router.errors",
+    "RouterTypeError": "benchgen_router.errors",
 }
 
 

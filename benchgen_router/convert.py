@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError, first_line
+from benchgen_router.errors import InputError, first_line
 from benchgen_router.folder import check_output_folder, render_card, write_router_folder
 from benchgen_router.head import (
     OPERATING_HEADS_FILE,
@@ -40,31 +40,31 @@ def load_theta(path: Path, expected_size: int, manifest: dict[str, Any]) -> np.n
         with open(path, "rb") as handle:
             magic = handle.read(6)
         if magic.startswith(b"PK"):
-            raise UsageError(f"{path} is an .npz archive; pass the single flat vector head_weights.npy.")
+            raise InputError(f"{path} is an .npz archive; pass the single flat vector head_weights.npy.")
         if magic != b"\x93NUMPY":  # checked first: numpy reports any non-.npy file as "pickled data"
-            raise UsageError(f"{path} is not a readable .npy file (no NumPy header); pass head_weights.npy.")
+            raise InputError(f"{path} is not a readable .npy file (no NumPy header); pass head_weights.npy.")
         theta = np.load(path, allow_pickle=False)  # a pickled .npy is refused here, never executed
     except FileNotFoundError:
-        raise UsageError(f"weights file not found: {path}") from None
+        raise InputError(f"weights file not found: {path}") from None
     except ValueError as err:
-        if isinstance(err, UsageError):
+        if isinstance(err, InputError):
             raise
         if "allow_pickle" in str(err):
-            raise UsageError(
+            raise InputError(
                 f"{path} holds pickled Python objects; it must be a plain float .npy (np.save of a float array)."
             ) from None
-        raise UsageError(f"{path} is not a readable .npy file ({err}).") from None
+        raise InputError(f"{path} is not a readable .npy file ({err}).") from None
     except OSError as err:
-        raise UsageError(f"{path} is not a readable .npy file ({err}).") from None
+        raise InputError(f"{path} is not a readable .npy file ({err}).") from None
     if theta.ndim != 1:
-        raise UsageError(
+        raise InputError(
             f"{path} has shape {theta.shape}; the head must be one flat 1-D vector "
             "(the weights row-major, then the bias)."
         )
     if not np.issubdtype(theta.dtype, np.floating):
-        raise UsageError(f"{path} has dtype {theta.dtype}; the head must be a float vector.")
+        raise InputError(f"{path} has dtype {theta.dtype}; the head must be a float vector.")
     if theta.size != expected_size:
-        raise UsageError(
+        raise InputError(
             f"{path} holds {theta.size} values but embedding_dim={manifest['embedding_dim']}, "
             f"head_hidden_dim={manifest['head_hidden_dim']} and {len(manifest['agent_order'])} agents need "
             f"{expected_size}; pass the weights that belong to this manifest."
@@ -78,7 +78,7 @@ def recorded_backbone(manifest: dict[str, Any], backbone: str | None, backbone_i
     else --backbone itself. A local copy is where weights are read from, not what is recorded."""
     recorded = backbone_id or manifest.get("backbone_model") or backbone
     if not recorded:
-        raise UsageError("the manifest names no backbone_model; pass --backbone ID_OR_PATH.")
+        raise InputError("the manifest names no backbone_model; pass --backbone ID_OR_PATH.")
     if not _HUB_ID.match(recorded) and os.path.isdir(recorded):
         logger.warning(
             "recording the local folder %s as the backbone: pass --backbone-id <Hub id> so others can load it", recorded
@@ -138,7 +138,7 @@ def head_state(
     thetas = load_operating_heads(source, names, theta.size)
     default = settings["operating_point"]
     if not np.array_equal(thetas[default], theta):
-        raise UsageError(
+        raise InputError(
             f"{weights_path} is not the head of the default operating point '{default}' in {source}; "
             "pass the files the trainer wrote together."
         )
@@ -161,7 +161,7 @@ def _bundled_router(config: Any, state: dict[str, Any], source: str, revision: s
             backbone_source(source, revision), revision=revision, config=config.text_config, dtype=torch.float32
         )
     except OSError as err:
-        raise UsageError(
+        raise InputError(
             f"cannot load the weights of backbone '{source}' to bundle them ({first_line(err)})."
         ) from None
     model = RouterModel(config, backbone=weights)
@@ -194,7 +194,7 @@ def check_not_backbone_folder(output_dir: Path, backbone: str) -> None:
     would be replaced by the router's), whatever --overwrite says."""
     folder = Path(backbone)
     if folder.is_dir() and output_dir.is_dir() and os.path.samefile(folder, output_dir):
-        raise UsageError(
+        raise InputError(
             f"output folder {output_dir} is the backbone's folder ({backbone}); writing the router there would "
             "replace the backbone's own config.json and weights: pass another --output-dir."
         )
@@ -232,7 +232,7 @@ def convert_release(
     guard, guard_settings = None, {}
     stats_file = guard_statistics_file(weights_path, ood_stats) if ood_guard else None
     if ood_fallback_agent is not None and stats_file is None:
-        raise UsageError(
+        raise InputError(
             "a fallback agent was named but the release has no out-of-distribution guard to use it: "
             f"pass --ood-stats FILE{' without --no-ood-guard' if not ood_guard else ''}, or drop --ood-fallback-agent."
         )
@@ -250,7 +250,7 @@ def convert_release(
     backbone_config = load_backbone_config(source, revision)
     tokenizer = load_backbone_tokenizer(source, revision)
     if backbone_config.hidden_size != dim:
-        raise UsageError(
+        raise InputError(
             f"backbone '{source}' has hidden size {backbone_config.hidden_size} but the head expects "
             f"embedding_dim={dim}; pass the backbone the head was trained on."
         )

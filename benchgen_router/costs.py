@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError, first_line
+from benchgen_router.errors import InputError, first_line
 from benchgen_router.files import read_jsonl
 
 QUERIES_PER_COST_UNIT = 1000  # C is USD per 1,000 queries
@@ -135,7 +135,7 @@ def utility_matrix(
     """
     for name, weight in (("cost weight", cost_weight), ("latency weight", latency_weight)):
         if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 <= weight <= MAX_WEIGHT:
-            raise UsageError(f"{name} {weight!r} must be a number from 0 to {MAX_WEIGHT:g} (0 ignores it).")
+            raise InputError(f"{name} {weight!r} must be a number from 0 to {MAX_WEIGHT:g} (0 ignores it).")
     if cost_weight == 0 and latency_weight == 0:
         return rewards
     return rewards - cost_weight * cost_per_1k - latency_weight * latency_s
@@ -165,12 +165,12 @@ def read_pool_rows(path: str | os.PathLike) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UsageError(f"pool file not found: {path}") from None
+        raise InputError(f"pool file not found: {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         reason = "nested too deeply" if isinstance(err, RecursionError) else first_line(err)
-        raise UsageError(f"pool file {path} is not valid JSON ({reason}); pass agents.json of the pool.") from None
+        raise InputError(f"pool file {path} is not valid JSON ({reason}); pass agents.json of the pool.") from None
     except OSError as err:  # a folder, no permission
-        raise UsageError(
+        raise InputError(
             f"cannot read pool file {path} ({err.strerror or first_line(err)}); pass agents.json."
         ) from None
 
@@ -182,7 +182,7 @@ def pool_agents(rows: Any, source: str = "pool file", prices_required: bool = Fa
     number >= 0; an absent one is None (the service lists what it has) unless `prices_required`
     (costs are computed from them)."""
     if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
-        raise UsageError(
+        raise InputError(
             f"{source} must be a JSON list of agent objects (agent_id and prices per 1M tokens), like agents.json."
         )
     agents: list[dict[str, Any]] = []
@@ -191,9 +191,9 @@ def pool_agents(rows: Any, source: str = "pool file", prices_required: bool = Fa
         agent = row.get("agent_id")
         if not isinstance(agent, str) or not agent:
             needs = "agent_id and its prices" if prices_required else "an agent_id string"
-            raise UsageError(f"{source} entry {number} has no agent_id; every entry needs {needs}.")
+            raise InputError(f"{source} entry {number} has no agent_id; every entry needs {needs}.")
         if agent in seen:
-            raise UsageError(f"{source} lists agent '{agent}' twice; each agent must appear once.")
+            raise InputError(f"{source} lists agent '{agent}' twice; each agent must appear once.")
         seen.add(agent)
         prices = {}
         for key in POOL_PRICE_FIELDS:
@@ -202,14 +202,14 @@ def pool_agents(rows: Any, source: str = "pool file", prices_required: bool = Fa
                 prices[key] = None
                 continue
             if not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_PRICE_PER_1M_USD:
-                raise UsageError(
+                raise InputError(
                     f"{source} agent '{agent}' has {key} {value!r}; prices must be numbers from 0 to "
                     f"{MAX_PRICE_PER_1M_USD:g} USD per 1M tokens."
                 )
             prices[key] = value
         slug = row.get("slug")
         if slug is not None and not isinstance(slug, str):
-            raise UsageError(f"{source} agent '{agent}' has slug {slug!r}; a slug must be the model's id, a string.")
+            raise InputError(f"{source} agent '{agent}' has slug {slug!r}; a slug must be the model's id, a string.")
         agents.append({"id": agent, "slug": slug, **prices})
     return agents
 
@@ -230,7 +230,7 @@ def pool_prices(rows: Any, agents: Sequence[str], source: str = "pool file") -> 
     missing = [agent for agent in agents if agent not in prices]
     extra = sorted(set(prices) - set(agents))
     if missing or extra:
-        raise UsageError(
+        raise InputError(
             f"{source} agent ids do not match agent_order {list(agents)} "
             f"(missing: {missing or 'none'}, not in agent_order: {extra or 'none'}); pass the pool file of this pool."
         )
@@ -272,10 +272,10 @@ def _aggregate_task(
 ) -> tuple[str, _TaskCalls]:
     task_id = row.get("task_id")
     if not isinstance(task_id, str) or not task_id:
-        raise UsageError(f"{source} row {number} has no task_id; pass the raw per-call file (task_id and calls).")
+        raise InputError(f"{source} row {number} has no task_id; pass the raw per-call file (task_id and calls).")
     calls = row.get("calls")
     if not isinstance(calls, list) or not calls:
-        raise UsageError(
+        raise InputError(
             f"{source} row {number} ({task_id}) has no calls list; cost and latency need the raw per-call records."
         )
     index = {agent: j for j, agent in enumerate(agents)}
@@ -284,10 +284,10 @@ def _aggregate_task(
     for call_number, call in enumerate(calls, start=1):
         where = f"{source} row {number} ({task_id}) call {call_number}"
         if not isinstance(call, dict):
-            raise UsageError(f"{where} is not a JSON object; each call must be one.")
+            raise InputError(f"{where} is not a JSON object; each call must be one.")
         agent = call.get("agent")
         if agent not in index:
-            raise UsageError(
+            raise InputError(
                 f"{where} is by agent {agent!r}, which is not in agent_order {list(agents)}; "
                 "pass the calls file recorded for this pool."
             )
@@ -295,20 +295,20 @@ def _aggregate_task(
         cost = call.get("cost_usd")
         if cost is None:
             if prices is None:
-                raise UsageError(
+                raise InputError(
                     f"{where} ({agent}) has no cost_usd; pass the pool file (agents.json) to estimate it from "
                     "the call's token counts."
                 )
             prompt_tokens, completion_tokens = call.get("prompt_tokens"), call.get("completion_tokens")
             if not (_is_count(prompt_tokens) and _is_count(completion_tokens)):
-                raise UsageError(
+                raise InputError(
                     f"{where} ({agent}) has no cost_usd and token counts {prompt_tokens!r}/{completion_tokens!r}; "
                     "a cost estimate needs prompt_tokens and completion_tokens as integers >= 0."
                 )
             cost = prices[agent].cost_usd(prompt_tokens, completion_tokens)
             counters["estimated"] += 1
         elif not _is_number(cost) or not math.isfinite(cost) or not 0 <= cost <= MAX_CALL_COST_USD:
-            raise UsageError(
+            raise InputError(
                 f"{where} ({agent}) has cost_usd {cost!r}; a billed cost must be a number from 0 to "
                 f"{MAX_CALL_COST_USD:g} USD per call."
             )
@@ -316,7 +316,7 @@ def _aggregate_task(
             counters["zero"] += 1
         latency = call.get("latency_ms")
         if not _is_number(latency) or not math.isfinite(latency) or not 0 <= latency <= MAX_LATENCY_MS:
-            raise UsageError(
+            raise InputError(
                 f"{where} ({agent}) has latency_ms {latency!r}; latency must be a number from 0 to "
                 f"{MAX_LATENCY_MS:g} ms (a day)."
             )
@@ -330,7 +330,7 @@ def _aggregate_task(
         result.calls[j] += 1
     if (result.calls == 0).any():
         absent = [agents[j] for j in np.flatnonzero(result.calls == 0)]
-        raise UsageError(
+        raise InputError(
             f"{source} row {number} ({task_id}) has no calls by {absent}; every agent needs at least one call "
             "per task to measure its cost."
         )
@@ -357,7 +357,7 @@ def cost_data_from_calls(
     if rewards.shape != (len(task_ids), len(agents)):
         raise ValueError(f"rewards shape {rewards.shape} != ({len(task_ids)}, {len(agents)})")
     if not call_rows:
-        raise UsageError(f"the {source} has no rows.")
+        raise InputError(f"the {source} has no rows.")
     counters = {"estimated": 0, "zero": 0}
     wanted = set(task_ids)
     by_task: dict[str, _TaskCalls] = {}
@@ -365,14 +365,14 @@ def cost_data_from_calls(
         task_id = row.get("task_id") if isinstance(row, dict) else None
         if task_id not in wanted:
             if not isinstance(task_id, str) or not task_id:
-                raise UsageError(f"{source} row {number} has no task_id; pass the raw per-call file.")
+                raise InputError(f"{source} row {number} has no task_id; pass the raw per-call file.")
             continue
         if task_id in by_task:
-            raise UsageError(f"{source} row {number} repeats task_id '{task_id}'; each task must appear once.")
+            raise InputError(f"{source} row {number} repeats task_id '{task_id}'; each task must appear once.")
         _, by_task[task_id] = _aggregate_task(row, number, agents, prices, counters, source)
     missing = [task_id for task_id in task_ids if task_id not in by_task]
     if missing:
-        raise UsageError(
+        raise InputError(
             f"{len(missing)} labelled tasks have no row in the {source} (e.g. '{missing[0]}'); "
             "pass the raw per-call file these rewards come from."
         )
@@ -382,7 +382,7 @@ def cost_data_from_calls(
         if cell.graded:
             accuracy = cell.correct_sum / cell.calls
             if np.abs(accuracy - rewards[row_number]).max() > _REWARD_TOLERANCE:
-                raise UsageError(
+                raise InputError(
                     f"task '{task_id}': the labelled rewards {np.round(rewards[row_number], 4).tolist()} differ "
                     f"from its calls' accuracy {np.round(accuracy, 4).tolist()}; pass the calls file these rewards "
                     "were computed from."
@@ -411,18 +411,18 @@ def cost_data_from_calls(
 def labelled_rows(reward_rows: Sequence[dict[str, Any]], source: str) -> tuple[list[str], list[str], np.ndarray]:
     """(agents, task_ids, rewards) of reward rows (published or raw: task_id, agent_order, mean_reward)."""
     if not reward_rows:
-        raise UsageError(f"the {source} has no rows.")
+        raise InputError(f"the {source} has no rows.")
     agents: list[str] | None = None
     task_ids: list[str] = []
     rewards = []
     for number, row in enumerate(reward_rows, start=1):
         task_id, order, values = row.get("task_id"), row.get("agent_order"), row.get("mean_reward")
         if not isinstance(task_id, str) or not task_id:
-            raise UsageError(f"{source} row {number} has no task_id; it needs task_id, agent_order, mean_reward.")
+            raise InputError(f"{source} row {number} has no task_id; it needs task_id, agent_order, mean_reward.")
         if not isinstance(order, list) or not order or not all(isinstance(a, str) and a for a in order):
-            raise UsageError(f"{source} row {number} ({task_id}): agent_order must be a non-empty list of agent ids.")
+            raise InputError(f"{source} row {number} ({task_id}): agent_order must be a non-empty list of agent ids.")
         if agents is not None and order != agents:
-            raise UsageError(
+            raise InputError(
                 f"{source} row {number} ({task_id}) has agent_order {order} but earlier rows have {agents}; "
                 "every row must score the same pool in the same order."
             )
@@ -432,11 +432,11 @@ def labelled_rows(reward_rows: Sequence[dict[str, Any]], source: str) -> tuple[l
             or len(values) != len(order)
             or not all(_is_number(v) and math.isfinite(v) and 0 <= v <= 1 for v in values)
         ):
-            raise UsageError(
+            raise InputError(
                 f"{source} row {number} ({task_id}): mean_reward must be {len(order)} numbers in [0, 1], one per agent."
             )
         if task_id in task_ids:
-            raise UsageError(f"{source} row {number} repeats task_id '{task_id}'; each task must appear once.")
+            raise InputError(f"{source} row {number} repeats task_id '{task_id}'; each task must appear once.")
         task_ids.append(task_id)
         rewards.append(values)
     assert agents is not None

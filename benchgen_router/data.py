@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError, first_line
+from benchgen_router.errors import InputError, first_line
 from benchgen_router.files import read_jsonl
 
 logger = logging.getLogger("benchgen_router")
@@ -35,21 +35,21 @@ def load_rows(source: str, what: str) -> list[dict[str, Any]]:
     """
     path = Path(source).expanduser()
     if path.is_dir():
-        raise UsageError(f"{what} '{source}' is a folder; pass a JSONL file or a Hub dataset id.")
+        raise InputError(f"{what} '{source}' is a folder; pass a JSONL file or a Hub dataset id.")
     looks_like_path = path.suffix in (".json", ".jsonl") or source.startswith((".", "/", "~"))
     if path.exists() or looks_like_path or not _HUB_ID.match(source):
         return read_jsonl(path, what)
     try:
         import datasets
     except ImportError:
-        raise UsageError(
+        raise InputError(
             f"{what} '{source}' is not a local file and reading Hub datasets needs the `datasets` package; "
             "pass a local JSONL file (or pip install datasets)."
         ) from None
     try:
         loaded = datasets.load_dataset(source)
     except Exception as err:  # datasets raises many types (network, missing repo, bad format)
-        raise UsageError(
+        raise InputError(
             f"cannot load {what} dataset '{source}' ({first_line(err)}); pass a local JSONL file."
         ) from None
     rows = []
@@ -88,28 +88,28 @@ class LabelledData:
 def _check_reward_row(row: dict[str, Any], number: int, agents: list[str] | None) -> tuple[str, list[str], np.ndarray]:
     task_id = row.get("task_id")
     if not isinstance(task_id, str) or not task_id:
-        raise UsageError(f"rewards row {number} has no task_id; every row needs task_id, agent_order and mean_reward.")
+        raise InputError(f"rewards row {number} has no task_id; every row needs task_id, agent_order and mean_reward.")
     order = row.get("agent_order")
     if not isinstance(order, list) or not order or not all(isinstance(a, str) and a for a in order):
-        raise UsageError(f"rewards row {number} ({task_id}): agent_order must be a non-empty list of agent ids.")
+        raise InputError(f"rewards row {number} ({task_id}): agent_order must be a non-empty list of agent ids.")
     if len(set(order)) != len(order):
-        raise UsageError(f"rewards row {number} ({task_id}): agent_order repeats an agent id: {order}.")
+        raise InputError(f"rewards row {number} ({task_id}): agent_order repeats an agent id: {order}.")
     if agents is not None and order != agents:
-        raise UsageError(
+        raise InputError(
             f"rewards row {number} ({task_id}) has agent_order {order} but earlier rows have {agents}; "
             "every row must score the same pool in the same order."
         )
     values = row.get("mean_reward")
     if not isinstance(values, list) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-        raise UsageError(f"rewards row {number} ({task_id}): mean_reward must be a list of numbers.")
+        raise InputError(f"rewards row {number} ({task_id}): mean_reward must be a list of numbers.")
     if len(values) != len(order):
-        raise UsageError(
+        raise InputError(
             f"rewards row {number} ({task_id}) has {len(values)} mean_reward values for {len(order)} agents; "
             "the reward vector must have one value per agent_order entry."
         )
     rewards = np.asarray(values, dtype=np.float64)
     if not np.isfinite(rewards).all() or (rewards < 0).any() or (rewards > 1).any():
-        raise UsageError(f"rewards row {number} ({task_id}) has mean_reward {values}; rewards must lie in [0, 1].")
+        raise InputError(f"rewards row {number} ({task_id}) has mean_reward {values}; rewards must lie in [0, 1].")
     return task_id, order, rewards
 
 
@@ -123,14 +123,14 @@ def join_rewards(
     means the wrong file or a damaged one. A row's split is its task's split, else the rewards row's.
     """
     if not reward_rows:
-        raise UsageError("the rewards file has no rows.")
+        raise InputError("the rewards file has no rows.")
     tasks: dict[str, dict[str, Any]] = {}
     for number, row in enumerate(task_rows, start=1):
         task_id = row.get("task_id")
         if not isinstance(task_id, str) or not task_id:
-            raise UsageError(f"tasks row {number} has no task_id; pass the task pool JSONL (task_id, prompt, split).")
+            raise InputError(f"tasks row {number} has no task_id; pass the task pool JSONL (task_id, prompt, split).")
         if task_id in tasks:
-            raise UsageError(f"tasks row {number} repeats task_id '{task_id}'; each task must appear once.")
+            raise InputError(f"tasks row {number} repeats task_id '{task_id}'; each task must appear once.")
         tasks[task_id] = row
 
     agents: list[str] | None = None
@@ -140,7 +140,7 @@ def join_rewards(
         task_id, order, values = _check_reward_row(row, number, agents)
         agents = order
         if task_id in seen:
-            raise UsageError(f"rewards row {number} repeats task_id '{task_id}'; each task must appear once.")
+            raise InputError(f"rewards row {number} repeats task_id '{task_id}'; each task must appear once.")
         seen.add(task_id)
         task = tasks.get(task_id)
         if task is None:
@@ -148,7 +148,7 @@ def join_rewards(
             continue
         prompt = task.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
-            raise UsageError(f"task '{task_id}' has no prompt text; pass the task pool with a 'prompt' on every row.")
+            raise InputError(f"task '{task_id}' has no prompt text; pass the task pool with a 'prompt' on every row.")
         split = task.get("split", row.get("split"))
         task_ids.append(task_id)
         prompts.append(prompt)
@@ -159,7 +159,7 @@ def join_rewards(
             "skipped %d reward rows whose task_id is not in the tasks file (e.g. %s)", len(skipped), skipped[0]
         )
     if len(task_ids) < min_rows:
-        raise UsageError(
+        raise InputError(
             f"only {len(task_ids)} reward rows join a task prompt on task_id (need at least {min_rows}); "
             "pass the tasks file that belongs to these rewards."
         )
@@ -178,7 +178,7 @@ def held_out_mask(data: LabelledData, test_split: str, seed: int) -> tuple[np.nd
     if not mask.any():
         present = sorted({s for s in data.splits if s is not None})
         if test_split != DEFAULT_TEST_SPLIT:
-            raise UsageError(
+            raise InputError(
                 f"no joined row has split '{test_split}' (splits present: {present or 'none'}); "
                 "pass one of those with --test-split."
             )
@@ -187,7 +187,7 @@ def held_out_mask(data: LabelledData, test_split: str, seed: int) -> tuple[np.nd
         mask[np.random.default_rng(seed).permutation(len(data))[:count]] = True
         return mask, f"no row has split '{test_split}': seeded random {count} rows held out"
     if mask.all():
-        raise UsageError(
+        raise InputError(
             f"every joined row has split '{test_split}', leaving nothing to train on; pass another --test-split."
         )
     return mask, f"split '{test_split}'"

@@ -1,12 +1,30 @@
-"""The one error type the tools turn into a single `error: ...` line (and exit code 2)."""
+"""The errors the package raises on purpose, and the SIGTERM signal as an exception.
+
+Every `RouterError` is one line that names the problem and the fix, written for a Python caller.
+Where the fix is a command-line flag, `cli` holds the same line for the command line, which the
+commands print instead. The service maps the family to 4xx answers in one handler.
+"""
 
 from __future__ import annotations
 
 
-class UsageError(ValueError):
-    """A problem with the caller's input, reported as one line that names the problem and the fix.
+class RouterError(Exception):
+    """A problem the caller can fix."""
 
-    A ValueError, so that library callers who catch bad values catch this too."""
+    def __init__(self, message: str, *, cli: str | None = None) -> None:
+        super().__init__(message)
+        self.cli = cli
+
+    def for_command_line(self) -> str:
+        return self.cli or str(self)
+
+
+class InputError(RouterError, ValueError):
+    """A value, file or dataset the package cannot use (a ValueError, as callers expect)."""
+
+
+class RouterTypeError(RouterError, TypeError):
+    """An argument of a type the package does not take (a TypeError, as callers expect)."""
 
 
 def first_line(err: BaseException) -> str:

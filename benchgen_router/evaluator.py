@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 
 IN_SAMPLE_NOTE = (
     "in-sample evaluation of a fixed router on the given rows (no cross-validation, so ±rep and ±fold are 0): "
@@ -101,7 +101,7 @@ def point_name(point: str | None, form: str = "formatted") -> str:
 
 
 def evaluate(config: EvaluateConfig) -> EvaluateReport:
-    """Route the labelled prompts and score the picks (see the module docstring); UsageError for
+    """Route the labelled prompts and score the picks (see the module docstring); InputError for
     input that does not fit (no rows, another pool, calls that miss the evaluated tasks)."""
     from benchgen_router.costs import costs_for_labelled
     from benchgen_router.data import join_rewards, load_rows
@@ -112,13 +112,13 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
     from benchgen_router.routing import operating_point_of, route_queries
 
     if config.ood_queries is not None and not config.ood_queries.is_file():
-        raise UsageError(f"--ood-queries {config.ood_queries} not found; pass a JSONL file of query, group rows.")
+        raise InputError(f"--ood-queries {config.ood_queries} not found; pass a JSONL file of query, group rows.")
     data = join_rewards(load_rows(config.rewards, "rewards"), load_rows(config.tasks, "tasks"), min_rows=1)
     if config.split is not None:
         rows = np.array([split == config.split for split in data.splits])
         if not rows.any():
             present = sorted({s for s in data.splits if s is not None})
-            raise UsageError(f"no joined row has split '{config.split}' (splits present: {present or 'none'}).")
+            raise InputError(f"no joined row has split '{config.split}' (splits present: {present or 'none'}).")
         data = data.subset(rows)
     # before the router loads: calls that do not cover the evaluated tasks fail at once
     costs = None if config.calls is None else costs_for_labelled(data, config.calls, config.pool)
@@ -131,7 +131,7 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
     )
     pool = model.config.agent_order
     if sorted(pool) != sorted(data.agents):
-        raise UsageError(
+        raise InputError(
             f"the router's pool {pool} is not the rewards' agent_order {data.agents}; "
             "evaluate against rewards measured for this router's agents."
         )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TextIO
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 
 # Field / column names a query is commonly stored under, in the order they are tried when the user
 # names none: "prompt" first because BenchGen's own task files (router-pilot-tasks) use it.
@@ -50,11 +50,11 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UsageError(f"{what} not found: {path}") from None
+        raise InputError(f"{what} not found: {path}") from None
     except IsADirectoryError:
-        raise UsageError(f"{what} {path} is a folder; pass the file.") from None
+        raise InputError(f"{what} {path} is a folder; pass the file.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UsageError(f"{what} {path} is not valid JSON ({err}); pass the file the tool wrote.") from None
+        raise InputError(f"{what} {path} is not valid JSON ({err}); pass the file the tool wrote.") from None
 
 
 def read_jsonl(path: str | os.PathLike, what: str) -> list[dict[str, Any]]:
@@ -62,9 +62,9 @@ def read_jsonl(path: str | os.PathLike, what: str) -> list[dict[str, Any]]:
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        raise UsageError(f"{what} not found: {path}") from None
+        raise InputError(f"{what} not found: {path}") from None
     except IsADirectoryError:
-        raise UsageError(f"{what} {path} is a folder; pass a JSON-lines file.") from None
+        raise InputError(f"{what} {path} is a folder; pass a JSON-lines file.") from None
     rows = []
     for number, line in split_lines(data):
         if not line.strip():
@@ -72,9 +72,9 @@ def read_jsonl(path: str | os.PathLike, what: str) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise UsageError(f"{what} {path} line {number} is not valid JSON ({err.msg}); fix or remove it.") from None
+            raise InputError(f"{what} {path} line {number} is not valid JSON ({err.msg}); fix or remove it.") from None
         if not isinstance(row, dict):
-            raise UsageError(f"{what} {path} line {number} is not a JSON object; each line must be one.")
+            raise InputError(f"{what} {path} line {number} is not a JSON object; each line must be one.")
         rows.append(row)
     return rows
 
@@ -85,7 +85,7 @@ def to_json(value: Any, **options: Any) -> str:
     try:
         return json.dumps(value, allow_nan=False, **options)
     except ValueError:
-        raise UsageError("a result holds NaN or an infinite number, which JSON cannot represent.") from None
+        raise InputError("a result holds NaN or an infinite number, which JSON cannot represent.") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ class Output:
         given = Path(path)
         for source in inputs:
             if str(source) != "-" and _same_file(given, Path(source)):
-                raise UsageError(f"output {given} is the input file {source}; pass another output path.")
+                raise InputError(f"output {given} is the input file {source}; pass another output path.")
         self.path = given
         self.streaming = False
         self._tmp: str | None = None
@@ -129,23 +129,23 @@ class Output:
         except FileNotFoundError:
             info = None
         except OSError as err:
-            raise UsageError(f"cannot use output {given} ({err.strerror}); pass another path.") from None
+            raise InputError(f"cannot use output {given} ({err.strerror}); pass another path.") from None
         if info is not None and stat.S_ISDIR(info.st_mode):
-            raise UsageError(f"output {given} is a folder; pass a file name.")
+            raise InputError(f"output {given} is a folder; pass a file name.")
         if info is not None and not stat.S_ISREG(info.st_mode):  # a device, pipe or socket: a stream
             self.streaming = True
             try:
                 self.handle: IO[Any] = open(given, mode, encoding=encoding)  # noqa: SIM115 (closed by commit)
             except OSError as err:
-                raise UsageError(f"cannot write to {given} ({err.strerror}).") from None
+                raise InputError(f"cannot write to {given} ({err.strerror}).") from None
             return
         self.target = given.resolve() if given.is_symlink() else given  # write through a link to its file
         if not self.target.parent.is_dir():
-            raise UsageError(f"output folder {self.target.parent} does not exist; create it or pass another path.")
+            raise InputError(f"output folder {self.target.parent} does not exist; create it or pass another path.")
         try:
             fd, self._tmp = tempfile.mkstemp(prefix=f".{self.target.name}.", suffix=".tmp", dir=self.target.parent)
         except OSError as err:
-            raise UsageError(
+            raise InputError(
                 f"cannot write to {self.target.parent} ({err.strerror}); pass another output path."
             ) from None
         self.handle = os.fdopen(fd, mode, encoding=encoding)
@@ -161,7 +161,7 @@ class Output:
                 self._tmp = None
         except OSError as err:
             self.discard()
-            raise UsageError(f"cannot write {self.path} ({err.strerror}); nothing was replaced.") from None
+            raise InputError(f"cannot write {self.path} ({err.strerror}); nothing was replaced.") from None
 
     def discard(self) -> None:
         with contextlib.suppress(OSError):
@@ -208,12 +208,12 @@ def staging_dir(final_dir: str | os.PathLike, owned: Iterable[str] = ()) -> Iter
     """
     final = Path(final_dir)
     if final.exists() and not final.is_dir():
-        raise UsageError(f"output folder {final} is a file; pass a folder path.")
+        raise InputError(f"output folder {final} is a file; pass a folder path.")
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{final.resolve().name}.tmp-", dir=final.parent)
     except OSError as err:
-        raise UsageError(f"cannot write into {final.parent} ({err.strerror}); pass another folder.") from None
+        raise InputError(f"cannot write into {final.parent} ({err.strerror}); pass another folder.") from None
     try:
         yield Path(tmp)
         final.mkdir(parents=True, exist_ok=True)
@@ -269,12 +269,12 @@ def choose_text_field(names: Iterable[str], chosen: str | None, source: str) -> 
     if chosen is None:
         chosen = next((name for name in TEXT_FIELDS if name in names), None)
         if chosen is None:
-            raise UsageError(
+            raise InputError(
                 f"{source} has none of the usual query fields ({', '.join(TEXT_FIELDS)}); it has "
                 f"{', '.join(map(repr, names)) or 'none'}. Pass --text-field NAME."
             )
     elif chosen not in names:
-        raise UsageError(f"{source} has no field '{chosen}'; it has {', '.join(map(repr, names)) or 'none'}.")
+        raise InputError(f"{source} has no field '{chosen}'; it has {', '.join(map(repr, names)) or 'none'}.")
     return chosen
 
 
@@ -284,7 +284,7 @@ def choose_id_field(names: Iterable[str], chosen: str | None, source: str) -> st
     if chosen is None:
         return next((name for name in ID_FIELDS if name in names), None)
     if chosen not in names:
-        raise UsageError(f"{source} has no field '{chosen}' for --id-field; it has {', '.join(map(repr, names))}.")
+        raise InputError(f"{source} has no field '{chosen}' for --id-field; it has {', '.join(map(repr, names))}.")
     return chosen
 
 
@@ -364,7 +364,7 @@ def input_format(path: str, chosen: str | None) -> str:
         return chosen
     suffix = Path(path).suffix.lower()
     if suffix == ".json":
-        raise UsageError(
+        raise InputError(
             f"{path}: a .json file is one JSON document, not one query per line; convert it to "
             "JSON lines (.jsonl), or pass --format jsonl if it already is."
         )
@@ -378,9 +378,9 @@ def open_input(path: str) -> BinaryIO:
     try:
         return open(path, "rb")
     except FileNotFoundError:
-        raise UsageError(f"input file not found: {path}") from None
+        raise InputError(f"input file not found: {path}") from None
     except (IsADirectoryError, PermissionError) as err:
-        raise UsageError(f"cannot read {path} ({err.strerror}); pass a query file.") from None
+        raise InputError(f"cannot read {path} ({err.strerror}); pass a query file.") from None
 
 
 def read_queries(
@@ -393,5 +393,5 @@ def read_queries(
         text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline="")
         return read_csv_lines(text, "\t" if fmt == "tsv" else ",", text_field, id_field, source)
     if fmt == "parquet":
-        raise UsageError(f"{source}: Parquet input needs --engine ray (Ray Data reads it).")
+        raise InputError(f"{source}: Parquet input needs --engine ray (Ray Data reads it).")
     return read_text_lines(numbered_lines(stream))

@@ -16,7 +16,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.errors import UsageError, first_line
+from benchgen_router.errors import InputError, first_line
 from benchgen_router.files import staging_dir
 from benchgen_router.head import head_param_count
 
@@ -82,9 +82,9 @@ def is_router_folder(folder: Path) -> bool:
 def check_output_folder(folder: Path, overwrite: bool) -> None:
     """Refuse to write into a non-empty folder that does not hold a router, unless overwrite."""
     if folder.exists() and not folder.is_dir():
-        raise UsageError(f"output folder {folder} is a file; pass a folder path.")
+        raise InputError(f"output folder {folder} is a file; pass a folder path.")
     if folder.is_dir() and any(folder.iterdir()) and not is_router_folder(folder) and not overwrite:
-        raise UsageError(
+        raise InputError(
             f"output folder {folder} already holds files and no router; pass an empty or new folder, "
             "or --overwrite to write the router's files into it (nothing else there is deleted)."
         )
@@ -454,7 +454,7 @@ def write_router_folder(folder: Path, model: Any, tokenizer: Any, card: str, ove
             model.save_pretrained(staging)
             save_tokenizer(tokenizer, staging)
         except OSError as err:
-            raise UsageError(f"cannot write the router into {folder} ({first_line(err)}).") from None
+            raise InputError(f"cannot write the router into {folder} ({first_line(err)}).") from None
         (staging / "README.md").write_text(merge_card(card, existing_card), encoding="utf-8")
         if replacing:
             written = {path.name for path in staging.iterdir()}
@@ -481,7 +481,7 @@ def push_folder(folder: Path, repo_id: str) -> str:
             commit_message="Upload BenchGen router",
         )
     except Exception as err:  # HTTP errors, offline mode, no network (httpx), no token: all one line
-        raise UsageError(
+        raise InputError(
             f"{folder} is complete, but pushing it to '{repo_id}' failed ({first_line(err)}); push it later with "
             f"`benchgen-router convert ... --push-to-hub {repo_id}` or `huggingface-cli upload {repo_id} {folder}` "
             "once the Hub is reachable and you are logged in."

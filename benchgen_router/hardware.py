@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 
 logger = logging.getLogger("benchgen_router")
 
@@ -60,11 +60,11 @@ def check_device(device: str) -> None:
     try:
         kind = torch.device(device).type
     except (RuntimeError, ValueError):
-        raise UsageError(f"unknown device '{device}'; use cpu, cuda, cuda:N or mps.") from None
+        raise InputError(f"unknown device '{device}'; use cpu, cuda, cuda:N or mps.") from None
     if kind == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device '{device}' asked for, but torch sees no CUDA GPU here; use --device cpu.")
+        raise InputError(f"device '{device}' asked for, but torch sees no CUDA GPU here; use --device cpu.")
     if kind == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"device '{device}' asked for, but MPS is not available here; use --device cpu.")
+        raise InputError(f"device '{device}' asked for, but MPS is not available here; use --device cpu.")
 
 
 def resolve_device(device: str | None) -> str:
@@ -87,10 +87,10 @@ def resolve_dtype(dtype: Any, device: str, allow_emulated: bool = False) -> Any:
         return "auto"
     resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
-        raise UsageError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
+        raise InputError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu" and not bf16_is_fast("cpu"):
         if not allow_emulated:
-            raise UsageError(
+            raise InputError(
                 "this CPU has neither AMX nor avx512_bf16, so bfloat16 would be emulated (hundreds of times "
                 "slower than float32); use --dtype float32 or auto, or force it with --allow-emulated-bf16."
             )
@@ -128,6 +128,6 @@ def set_threads(threads: int | None) -> int:
 
     count = threads or available_cpus()
     if count < 1:
-        raise UsageError(f"threads must be at least 1, got {count}.")
+        raise InputError(f"threads must be at least 1, got {count}.")
     torch.set_num_threads(count)
     return count

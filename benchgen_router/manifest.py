@@ -11,7 +11,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.files import read_json
 
 # What a reader of a manifest may rely on.
@@ -75,36 +75,36 @@ def agent_id_problem(agent: Any) -> str | None:
 def validate_manifest(manifest: Any, path: str | Path) -> dict[str, Any]:
     """The manifest if readers can use it; one clear line naming the first problem otherwise."""
     if not isinstance(manifest, dict):
-        raise UsageError(f"manifest {path} must be a JSON object with agent_order, embedding_dim, head_hidden_dim.")
+        raise InputError(f"manifest {path} must be a JSON object with agent_order, embedding_dim, head_hidden_dim.")
     for key in REQUIRED_KEYS:
         if key not in manifest:
-            raise UsageError(f"manifest {path} has no '{key}'; pass the manifest.json the trainer wrote.")
+            raise InputError(f"manifest {path} has no '{key}'; pass the manifest.json the trainer wrote.")
     agents = manifest["agent_order"]
     if not isinstance(agents, list) or not agents:
-        raise UsageError(f"manifest {path}: agent_order must be a non-empty list of agent ids.")
+        raise InputError(f"manifest {path}: agent_order must be a non-empty list of agent ids.")
     for agent in agents:
         if problem := agent_id_problem(agent):
-            raise UsageError(f"manifest {path}: {problem}.")
+            raise InputError(f"manifest {path}: {problem}.")
     duplicates = sorted({a for a in agents if agents.count(a) > 1})
     if duplicates:
-        raise UsageError(f"manifest {path}: agent_order repeats {duplicates}; each agent id must appear once.")
+        raise InputError(f"manifest {path}: agent_order repeats {duplicates}; each agent id must appear once.")
     for key, minimum in (("embedding_dim", 1), ("head_hidden_dim", 0)):
         value = manifest[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise UsageError(f"manifest {path}: {key} must be an integer >= {minimum}, got {value!r}.")
+            raise InputError(f"manifest {path}: {key} must be an integer >= {minimum}, got {value!r}.")
     backbone = manifest.get("backbone_model")
     if backbone is not None and (not isinstance(backbone, str) or not backbone.strip()):
-        raise UsageError(f"manifest {path}: backbone_model must be a Hub id or folder name, got {backbone!r}.")
+        raise InputError(f"manifest {path}: backbone_model must be a Hub id or folder name, got {backbone!r}.")
     if manifest.get("query_format") is not None:
         from benchgen_router.model_code import check_query_format
 
         try:
             check_query_format(manifest["query_format"])
         except ValueError as err:
-            raise UsageError(f"manifest {path}: {err}") from None
+            raise InputError(f"manifest {path}: {err}") from None
     limit = manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH)
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise UsageError(f"manifest {path}: truncation_length must be a positive integer, got {limit!r}.")
+        raise InputError(f"manifest {path}: truncation_length must be a positive integer, got {limit!r}.")
     check_operating_points(manifest, path)
     return manifest
 
@@ -114,19 +114,19 @@ def check_operating_points(manifest: dict[str, Any], path: str | Path) -> None:
     points = manifest.get("operating_points")
     if points is None:
         if manifest.get("default_operating_point") is not None:
-            raise UsageError(f"manifest {path} names a default_operating_point but has no operating_points.")
+            raise InputError(f"manifest {path} names a default_operating_point but has no operating_points.")
         return
     from benchgen_router.model_code import check_operating_points as check_points  # the model code's rule
 
     if not isinstance(points, dict) or not points:
-        raise UsageError(f"manifest {path}: operating_points must be a non-empty object of name -> weights.")
+        raise InputError(f"manifest {path}: operating_points must be a non-empty object of name -> weights.")
     try:
         check_points(points)
     except ValueError as err:
-        raise UsageError(f"manifest {path}: {err}") from None
+        raise InputError(f"manifest {path}: {err}") from None
     default = manifest.get("default_operating_point", min(points))
     if default not in points:
-        raise UsageError(
+        raise InputError(
             f"manifest {path}: default_operating_point {default!r} is not one of its operating points {list(points)}."
         )
 

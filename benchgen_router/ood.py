@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError, first_line
+from benchgen_router.errors import InputError, first_line
 from benchgen_router.files import atomic_output
 
 GUARD_FORMAT = "benchgen-router-ood-guard/1"
@@ -60,9 +60,9 @@ UNIT_NORM_FLOOR = 1e-12
 def _as_matrix(embeddings: np.ndarray, what: str) -> np.ndarray:
     array = np.asarray(embeddings)
     if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
-        raise UsageError(f"{what} must be a non-empty 2-d array (queries, dim); got shape {array.shape}.")
+        raise InputError(f"{what} must be a non-empty 2-d array (queries, dim); got shape {array.shape}.")
     if not np.issubdtype(array.dtype, np.floating) or not np.isfinite(array).all():
-        raise UsageError(f"{what} must hold finite floating-point values; recompute the embeddings.")
+        raise InputError(f"{what} must hold finite floating-point values; recompute the embeddings.")
     return array.astype(np.float64)
 
 
@@ -73,16 +73,16 @@ def shrunk_covariance(embeddings: np.ndarray, method: str = "oas") -> tuple[np.n
     dimensions (or barely more) S is singular or badly conditioned; the shrunk estimate is always
     positive definite when trace(S) > 0."""
     if method not in SHRINKAGE_METHODS:
-        raise UsageError(f"unknown shrinkage method '{method}'; use one of {', '.join(SHRINKAGE_METHODS)}.")
+        raise InputError(f"unknown shrinkage method '{method}'; use one of {', '.join(SHRINKAGE_METHODS)}.")
     x = _as_matrix(embeddings, "embeddings")
     n, dim = x.shape
     if n < 2:
-        raise UsageError(f"need at least 2 in-distribution embeddings to fit the guard; got {n}.")
+        raise InputError(f"need at least 2 in-distribution embeddings to fit the guard; got {n}.")
     centred = x - x.mean(axis=0)
     sample = centred.T @ centred / n
     trace = float(np.trace(sample))
     if trace <= 0.0:
-        raise UsageError("the in-distribution embeddings are all identical; fit the guard on varied queries.")
+        raise InputError("the in-distribution embeddings are all identical; fit the guard on varied queries.")
     scale = trace / dim
     trace_of_square = float(np.sum(sample * sample))  # trace(S @ S) for symmetric S
     if method == "oas":
@@ -106,7 +106,7 @@ def precision_from_covariance(covariance: np.ndarray) -> np.ndarray:
     try:
         lower = np.linalg.cholesky(covariance)
     except np.linalg.LinAlgError:
-        raise UsageError("the covariance is not positive definite; fit it with shrunk_covariance().") from None
+        raise InputError("the covariance is not positive definite; fit it with shrunk_covariance().") from None
     inverse_lower = np.linalg.solve(lower, np.eye(len(covariance)))
     precision = inverse_lower.T @ inverse_lower
     return (precision + precision.T) / 2.0
@@ -137,13 +137,13 @@ def conformal_threshold(scores: np.ndarray, keep_share: float = DEFAULT_KEEP_SHA
     conformal prediction). Needs n >= keep_share / (1 - keep_share) (19 for 95%); fewer is an error."""
     values = np.sort(np.asarray(scores, dtype=np.float64).ravel())
     if not 0.0 < keep_share < 1.0:
-        raise UsageError(f"keep share must lie strictly between 0 and 1; got {keep_share}.")
+        raise InputError(f"keep share must lie strictly between 0 and 1; got {keep_share}.")
     if not np.isfinite(values).all():
-        raise UsageError("calibration scores must be finite; recompute the held-out embeddings.")
+        raise InputError("calibration scores must be finite; recompute the held-out embeddings.")
     rank = math.ceil((len(values) + 1) * keep_share)
     if rank > len(values):
         needed = math.ceil(keep_share / (1.0 - keep_share))
-        raise UsageError(
+        raise InputError(
             f"{len(values)} held-out scores cannot calibrate a {keep_share:.0%} keep share; give at least {needed}."
         )
     return float(values[rank - 1])
@@ -156,7 +156,7 @@ def auroc(in_scores: np.ndarray, out_scores: np.ndarray) -> float:
     inside = np.asarray(in_scores, dtype=np.float64).ravel()
     outside = np.asarray(out_scores, dtype=np.float64).ravel()
     if len(inside) == 0 or len(outside) == 0:
-        raise UsageError("AUROC needs at least one in-distribution and one out-of-distribution score.")
+        raise InputError("AUROC needs at least one in-distribution and one out-of-distribution score.")
     pooled = np.concatenate([inside, outside])
     _, group, counts = np.unique(pooled, return_inverse=True, return_counts=True)
     # the values of a tie group take ranks after those of all smaller values; each gets their mean
@@ -202,7 +202,7 @@ class OODGuard:
     def scores(self, embeddings: np.ndarray) -> np.ndarray:
         embeddings = np.asarray(embeddings)
         if embeddings.ndim != 2 or embeddings.shape[1] != self.embedding_dim:
-            raise UsageError(
+            raise InputError(
                 f"the guard takes {self.embedding_dim}-d embeddings; got shape {embeddings.shape} "
                 "(statistics fitted on another backbone?)."
             )
@@ -242,7 +242,7 @@ def fit_guard(
     fit = unit_rows(fit_embeddings)
     calibration = unit_rows(calibration_embeddings)
     if calibration.shape[1] != fit.shape[1]:
-        raise UsageError(f"calibration embeddings are {calibration.shape[1]}-d, fit ones {fit.shape[1]}-d.")
+        raise InputError(f"calibration embeddings are {calibration.shape[1]}-d, fit ones {fit.shape[1]}-d.")
     covariance, shrinkage_weight = shrunk_covariance(fit, shrinkage)
     mean = fit.mean(axis=0).astype(np.float32)
     precision = precision_from_covariance(covariance).astype(np.float32)
@@ -279,7 +279,7 @@ def logistic_regression(features: np.ndarray, outside: np.ndarray, l2: float) ->
     labels = outside.astype(np.float64)
     share = labels.mean()
     if not 0.0 < share < 1.0:
-        raise UsageError("a discriminative guard needs both in-distribution and outside queries to fit.")
+        raise InputError("a discriminative guard needs both in-distribution and outside queries to fit.")
     sample = np.where(outside, 0.5 / share, 0.5 / (1.0 - share))
     penalty = np.full(rows.shape[1], float(l2))
     penalty[-1] = 0.0  # the bias is not penalised
@@ -364,24 +364,24 @@ def guard_from_tensors(
     embedding_dim: int | None = None,
 ) -> OODGuard:
     """Validate stored statistics (names, shapes, finiteness, a symmetric positive-definite precision,
-    a finite threshold) and build the guard; any problem is one UsageError line naming `source`."""
+    a finite threshold) and build the guard; any problem is one InputError line naming `source`."""
     fix = "refit and save it with ood.save_guard()"
     expected = GUARD_KEYS + (DISCRIMINATIVE_KEYS if WEIGHT_KEY in tensors else ())
     missing = [key for key in expected if key not in tensors]
     unknown = sorted(set(tensors) - set(expected))
     if missing or unknown:
-        raise UsageError(
+        raise InputError(
             f"OOD statistics {source} must hold exactly {', '.join(expected)}; "
             f"missing {missing or 'none'}, unexpected {unknown or 'none'}: {fix}."
         )
     for key in expected:
         array = np.asarray(tensors[key])
         if not np.issubdtype(array.dtype, np.floating):
-            raise UsageError(f"OOD statistics {source}: {key} has dtype {array.dtype}, not floating point: {fix}.")
+            raise InputError(f"OOD statistics {source}: {key} has dtype {array.dtype}, not floating point: {fix}.")
         with np.errstate(over="ignore"):  # checked as stored and applied: in float32
             finite = np.isfinite(array.astype(np.float32)).all()
         if not finite:
-            raise UsageError(f"OOD statistics {source}: {key} holds NaN or infinite values in float32: {fix}.")
+            raise InputError(f"OOD statistics {source}: {key} holds NaN or infinite values in float32: {fix}.")
     mean, precision, threshold = (np.asarray(tensors[key]) for key in GUARD_KEYS)
     dim = embedding_dim if embedding_dim is not None else (mean.shape[0] if mean.ndim == 1 else -1)
     weight = np.asarray(tensors[WEIGHT_KEY]) if WEIGHT_KEY in tensors else None
@@ -389,23 +389,23 @@ def guard_from_tensors(
     linear_fits = weight is None or (weight.shape == (dim,) and all(value.size == 1 for value in scalars))
     if mean.shape != (dim,) or precision.shape != (dim, dim) or threshold.size != 1 or not linear_fits:
         expected = f"{embedding_dim}-d embeddings" if embedding_dim is not None else "one embedding size"
-        raise UsageError(
+        raise InputError(
             f"OOD statistics {source} do not fit {expected}: {MEAN_KEY} {mean.shape}, {PRECISION_KEY} "
             f"{precision.shape}, {THRESHOLD_KEY} {threshold.shape} (statistics of another backbone?): {fix}."
         )
     precision64 = precision.astype(np.float64)
     asymmetry = np.abs(precision64 - precision64.T).max()
     if asymmetry > SYMMETRY_TOLERANCE * max(1.0, np.abs(precision64).max()):
-        raise UsageError(f"OOD statistics {source}: {PRECISION_KEY} is not symmetric: {fix}.")
+        raise InputError(f"OOD statistics {source}: {PRECISION_KEY} is not symmetric: {fix}.")
     try:
         np.linalg.cholesky(precision64)
     except np.linalg.LinAlgError:
-        raise UsageError(f"OOD statistics {source}: {PRECISION_KEY} is not positive definite: {fix}.") from None
+        raise InputError(f"OOD statistics {source}: {PRECISION_KEY} is not positive definite: {fix}.") from None
     info = dict(metadata or {})
     if info.get("format", GUARD_FORMAT) != GUARD_FORMAT:
-        raise UsageError(f"OOD statistics {source} have format {info['format']!r}, not {GUARD_FORMAT!r}: {fix}.")
+        raise InputError(f"OOD statistics {source} have format {info['format']!r}, not {GUARD_FORMAT!r}: {fix}.")
     if weight is None and float(threshold.reshape(())) <= 0.0:  # distances are >= 0: every query would be flagged
-        raise UsageError(f"OOD statistics {source}: {THRESHOLD_KEY} must be positive for a distance score: {fix}.")
+        raise InputError(f"OOD statistics {source}: {THRESHOLD_KEY} must be positive for a distance score: {fix}.")
     return OODGuard(
         mean=mean.astype(np.float32),
         precision=precision.astype(np.float32),
@@ -423,7 +423,7 @@ def save_guard(path: str | Path, guard: OODGuard) -> Path:
 
     final = Path(path)
     if final.suffix != ".safetensors":
-        raise UsageError(f"OOD statistics are saved as .safetensors; got '{final.name}'.")
+        raise InputError(f"OOD statistics are saved as .safetensors; got '{final.name}'.")
     guard_from_tensors(guard.tensors(), guard.metadata, str(final))  # never write what loading would refuse
     payload = save(guard.tensors(), metadata={key: str(value) for key, value in guard.metadata.items()})
     with atomic_output(final, "wb") as handle:
@@ -436,7 +436,7 @@ def load_guard(path: str | Path, embedding_dim: int | None = None) -> OODGuard:
     with allow_pickle=False); embedding_dim, when given, must match."""
     source = Path(path)
     if not source.is_file():
-        raise UsageError(f"OOD statistics not found: {source}.")
+        raise InputError(f"OOD statistics not found: {source}.")
     suffix = source.suffix
     try:
         if suffix == ".safetensors":
@@ -451,23 +451,23 @@ def load_guard(path: str | Path, embedding_dim: int | None = None) -> OODGuard:
             metadata = {}
         elif suffix == ".npy":
             np.load(source, allow_pickle=False)  # a pickled .npy is refused here, before anything runs
-            raise UsageError(
+            raise InputError(
                 f"OOD statistics {source} are one .npy array; they need {', '.join(GUARD_KEYS)}: "
                 "save them with ood.save_guard() (.safetensors)."
             )
         else:
-            raise UsageError(f"OOD statistics {source}: unknown file type '{suffix}'; use .safetensors or .npz.")
-    except UsageError:
+            raise InputError(f"OOD statistics {source}: unknown file type '{suffix}'; use .safetensors or .npz.")
+    except InputError:
         raise
     except ValueError as err:  # numpy: "Object arrays cannot be loaded when allow_pickle=False"
         if "allow_pickle" in str(err):
-            raise UsageError(
+            raise InputError(
                 f"OOD statistics {source} hold pickled objects, which are never loaded; "
                 "save them with ood.save_guard() (.safetensors)."
             ) from None
-        raise UsageError(f"OOD statistics {source} cannot be read ({first_line(err)}); re-save them.") from None
+        raise InputError(f"OOD statistics {source} cannot be read ({first_line(err)}); re-save them.") from None
     except Exception as err:  # safetensors and zipfile raise their own types for damaged files
-        raise UsageError(f"OOD statistics {source} cannot be read ({first_line(err)}); re-save them.") from None
+        raise InputError(f"OOD statistics {source} cannot be read ({first_line(err)}); re-save them.") from None
     return guard_from_tensors(tensors, metadata, str(source), embedding_dim)
 
 
@@ -484,16 +484,16 @@ def fallback_agent(rewards: np.ndarray, costs: np.ndarray | None = None, toleran
     then lower index)."""
     table = np.asarray(rewards, dtype=np.float64)
     if table.ndim != 2 or table.shape[0] == 0 or table.shape[1] == 0 or not np.isfinite(table).all():
-        raise UsageError(f"rewards must be a finite non-empty (rows, agents) array; got shape {table.shape}.")
+        raise InputError(f"rewards must be a finite non-empty (rows, agents) array; got shape {table.shape}.")
     mean_reward = table.mean(axis=0)
     best = float(mean_reward.max())
     if costs is None:
         return int(np.argmax(mean_reward))
     price = np.asarray(costs, dtype=np.float64)
     if price.shape != (table.shape[1],) or not np.isfinite(price).all() or (price < 0).any():
-        raise UsageError(f"costs must be {table.shape[1]} finite non-negative numbers, one per agent.")
+        raise InputError(f"costs must be {table.shape[1]} finite non-negative numbers, one per agent.")
     if not tolerance >= 0.0:
-        raise UsageError(f"tolerance must be a non-negative reward difference; got {tolerance}.")
+        raise InputError(f"tolerance must be a non-negative reward difference; got {tolerance}.")
     eligible = np.flatnonzero(mean_reward >= best - tolerance - 1e-12)
     return int(min(eligible, key=lambda agent: (price[agent], -mean_reward[agent], agent)))
 
@@ -537,9 +537,9 @@ def read_ood_queries(
     rows = read_jsonl(path, what)
     for number, row in enumerate(rows, 1):
         if not isinstance(row.get("query"), str) or not row["query"].strip() or not isinstance(row.get("group"), str):
-            raise UsageError(f"{what} {path}: row {number} needs a non-empty 'query' and a 'group' string.")
+            raise InputError(f"{what} {path}: row {number} needs a non-empty 'query' and a 'group' string.")
     if not rows:
-        raise UsageError(f"{what} {path} holds no queries.")
+        raise InputError(f"{what} {path} holds no queries.")
     return [row["query"] for row in rows], [row["group"] for row in rows]
 
 
@@ -696,21 +696,21 @@ def guard_statistics_file(weights_path: str | Path, explicit: str | Path | None 
     if explicit is not None:
         path = Path(explicit)
         if not path.is_file():
-            raise UsageError(f"OOD statistics not found: {path}; pass the ood_guard.safetensors the trainer wrote.")
+            raise InputError(f"OOD statistics not found: {path}; pass the ood_guard.safetensors the trainer wrote.")
         return path
     beside = Path(weights_path).parent / GUARD_FILE
     return beside if beside.is_file() else None
 
 
 def check_fallback_agent(agent: object, agents: Sequence[str], source: str) -> str:
-    """The fallback agent if it is one of the pool's `agents`; one UsageError line otherwise."""
+    """The fallback agent if it is one of the pool's `agents`; one InputError line otherwise."""
     if agent is None:
-        raise UsageError(
+        raise InputError(
             f"OOD statistics {source} name no fallback agent (an .npz has no metadata): name the agent that "
             "answers flagged queries with --ood-fallback-agent AGENT."
         )
     if agent not in agents:
-        raise UsageError(
+        raise InputError(
             f"OOD statistics {source}: fallback agent {agent!r} is not in agent_order {list(agents)}; "
             "refit the guard for this pool (or name a pool agent as ood_guard.fallback_agent in the manifest)."
         )

@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError, RouterTypeError
 from benchgen_router.hardware import default_batch_tokens, resolve_device
 
 DEFAULT_PADDED_BATCH = 16  # queries per padded batch (encoder backbones) unless the token budget is smaller
 ROUTER_CACHE_SIZE = 4  # routers kept loaded by pick_agent; a 1.7B backbone is several GB
 
 
-class EmptyQueryError(ValueError):
+class EmptyQueryError(InputError):
     """Queries with no tokens besides the tokenizer's special ones: zero-width spaces, a lone
     byte-order mark, control characters. No router can score them. `positions` lists them."""
 
@@ -50,7 +50,7 @@ def check_batching(batch_size: Any, max_batch_tokens: Any) -> None:
     a negative size would silently route nothing, and a zero budget would never finish planning."""
     for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(f"{name} must be a positive integer or None, got {value!r}.")
+            raise InputError(f"{name} must be a positive integer or None, got {value!r}.")
 
 
 def plan_batches(
@@ -242,7 +242,7 @@ def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[
     np.argmax), its index, and softmax probabilities and raw logits keyed by agent id."""
     scores = logits.astype(np.float64)
     if not np.isfinite(scores).all():
-        raise UsageError("the router produced NaN or infinite scores; its head or backbone weights are broken.")
+        raise InputError("the router produced NaN or infinite scores; its head or backbone weights are broken.")
     shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
     probabilities = shifted / shifted.sum(axis=1, keepdims=True)
     results = []
@@ -261,11 +261,11 @@ def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[
 
 def operating_point_of(model: Any, operating_point: str | None) -> str | None:
     """The operating point a call routes at (None: the router's default; None for a single-head
-    router), or UsageError naming the router's points."""
+    router), or InputError naming the router's points."""
     try:
         return model.config.check_operating_point(operating_point)
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise InputError(str(err)) from None
 
 
 def results_for(model: Any, routed: Routed) -> list[dict[str, Any]]:
@@ -344,7 +344,7 @@ def get_router(
         return model
     if hasattr(model, "model") and hasattr(model, "tokenizer"):
         return model.model, model.tokenizer
-    raise TypeError(
+    raise RouterTypeError(
         f"model= takes a router folder or Hub id, None (the default router), a (model, tokenizer) pair "
         f"or an object with .model and .tokenizer; got {type(model).__name__}."
     )
@@ -356,7 +356,7 @@ def as_query_list(query_or_list: Any) -> tuple[list[str], bool]:
     if isinstance(query_or_list, str):
         return [query_or_list], True
     if isinstance(query_or_list, bytes | bytearray | dict | set) or not isinstance(query_or_list, Sequence):
-        raise TypeError(
+        raise RouterTypeError(
             f"pick_agent takes a str or a sequence of str, got {type(query_or_list).__name__}"
             + (
                 "; decode bytes first (e.g. data.decode('utf-8'))."
@@ -367,7 +367,7 @@ def as_query_list(query_or_list: Any) -> tuple[list[str], bool]:
     queries = list(query_or_list)
     for position, query in enumerate(queries):
         if not isinstance(query, str):
-            raise TypeError(f"query {position} is {type(query).__name__}, not a str.")
+            raise RouterTypeError(f"query {position} is {type(query).__name__}, not a str.")
     return queries, False
 
 
@@ -395,7 +395,7 @@ def pick_agent(
     quality/cost/latency trade-offs (its card lists them; None: the router's default).
 
     Raises TypeError for anything but a str or a sequence of str, ValueError for an empty query
-    (blank, or tokenizing to nothing: EmptyQueryError names the positions), and UsageError (a
+    (blank, or tokenizing to nothing: EmptyQueryError names the positions), and InputError (a
     ValueError) when the router cannot be loaded or an argument is invalid.
     """
     queries, single = as_query_list(query_or_list)

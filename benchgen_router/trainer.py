@@ -7,7 +7,7 @@
 train() embeds the labelled prompts with the backbone, searches one head per operating point
 (separable CMA-ES), fits the out-of-distribution guard, cross-validates (the cost frontier when
 per-call costs are given), writes the run folder (head_weights.npy, manifest.json and the files
-that go with them) and, with `export`, the Hub folder. Bad input raises UsageError with one line.
+that go with them) and, with `export`, the Hub folder. Bad input raises InputError with one line.
 """
 
 from __future__ import annotations

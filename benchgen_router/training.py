@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.evaluation import evaluate_picks
 from benchgen_router.head import check_float32_finite, head_logits, head_param_count, head_picks
 
@@ -89,15 +89,15 @@ MAX_SEED = 2**32 - 1  # both libraries seed numpy generators, which take 0 .. 2*
 def check_search_settings(sigma0: float, generations: int, seed: int, popsize: int | None, library: str) -> None:
     """Search settings the CMA-ES libraries accept, checked before any work (one line each)."""
     if library not in CMA_LIBRARIES:
-        raise UsageError(f"unknown CMA-ES library '{library}'; use one of {', '.join(CMA_LIBRARIES)}.")
+        raise InputError(f"unknown CMA-ES library '{library}'; use one of {', '.join(CMA_LIBRARIES)}.")
     if not (isinstance(sigma0, int | float) and math.isfinite(sigma0) and 0 < sigma0 <= 1e6):
-        raise UsageError(f"sigma0 must be a positive step size no larger than 1e6, got {sigma0!r}.")
+        raise InputError(f"sigma0 must be a positive step size no larger than 1e6, got {sigma0!r}.")
     if not isinstance(generations, int) or generations < 1:
-        raise UsageError(f"generations must be at least 1, got {generations!r}.")
+        raise InputError(f"generations must be at least 1, got {generations!r}.")
     if not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise UsageError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}.")
+        raise InputError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}.")
     if popsize is not None and (not isinstance(popsize, int) or popsize < MIN_POPSIZE):
-        raise UsageError(f"popsize must be at least {MIN_POPSIZE} candidates per generation, got {popsize!r}.")
+        raise InputError(f"popsize must be at least {MIN_POPSIZE} candidates per generation, got {popsize!r}.")
 
 
 @dataclass

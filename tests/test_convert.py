@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, pipeline
 
 from benchgen_router.convert import convert_release as convert_release_api
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from helpers import (
     AGENTS,
     build_backbone,
@@ -472,5 +472,5 @@ def test_the_backbones_own_folder_is_never_written_over(tmp_path, tokenizer_dir)
         )  # fmt: skip
         assert code == 2
     assert {p.name: p.read_bytes() for p in backbone.iterdir() if p.is_file()} == before
-    with pytest.raises(UsageError, match="is the backbone's folder"):
+    with pytest.raises(InputError, match="is the backbone's folder"):
         convert_release_api(manifest, weights, backbone, overwrite=True)  # the manifest names it

@@ -20,7 +20,7 @@ from benchgen_router.costs import (
     pool_prices,
     utility_matrix,
 )
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from helpers import PILOT
 
 AGENTS = ["big", "small"]
@@ -96,9 +96,9 @@ def test_utility_is_reward_minus_weighted_cost_and_latency_and_the_same_array_at
     assert data.utility(0, 0) is data.rewards  # the search sees exactly R
     expected = data.rewards - 0.5 * data.cost_per_1k - 0.1 * data.latency_s
     np.testing.assert_allclose(data.utility(0.5, 0.1), expected)
-    with pytest.raises(UsageError, match="cost weight -1 must be a number from 0 to 1e\\+06"):
+    with pytest.raises(InputError, match="cost weight -1 must be a number from 0 to 1e\\+06"):
         utility_matrix(data.rewards, data.cost_per_1k, data.latency_s, -1, 0)
-    with pytest.raises(UsageError, match="latency weight nan"):
+    with pytest.raises(InputError, match="latency weight nan"):
         utility_matrix(data.rewards, data.cost_per_1k, data.latency_s, 0, math.nan)
 
 
@@ -188,14 +188,14 @@ def test_bad_calls_get_one_line_naming_the_problem(change, message):
     rows = _edit(change)
     labelled = raw_rows()  # the labels as they were: only the calls are damaged
     rewards = np.array([row["mean_reward"] for row in labelled])
-    with pytest.raises(UsageError, match=message) as caught:
+    with pytest.raises(InputError, match=message) as caught:
         cost_data_from_calls(AGENTS, [row["task_id"] for row in labelled], rewards, rows)
     assert "\n" not in str(caught.value)
 
 
 def test_a_missing_cost_without_token_counts_cannot_be_estimated():
     rows = _edit(lambda r: (r[0]["calls"][0].pop("cost_usd"), r[0]["calls"][0].pop("prompt_tokens")))
-    with pytest.raises(UsageError, match="has no cost_usd and token counts None/50"):
+    with pytest.raises(InputError, match="has no cost_usd and token counts None/50"):
         from_rows(rows, pool_prices(POOL, AGENTS))
 
 
@@ -216,27 +216,27 @@ def test_a_missing_cost_without_token_counts_cannot_be_estimated():
     ],
 )
 def test_bad_pool_gets_one_line(pool, message):
-    with pytest.raises(UsageError, match=message) as caught:
+    with pytest.raises(InputError, match=message) as caught:
         pool_prices(pool, AGENTS)
     assert "\n" not in str(caught.value)
 
 
 def test_bad_pool_and_reward_files(tmp_path):
-    with pytest.raises(UsageError, match="pool file not found"):
+    with pytest.raises(InputError, match="pool file not found"):
         load_pool(tmp_path / "missing.json", AGENTS)
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(UsageError, match="is not valid JSON"):
+    with pytest.raises(InputError, match="is not valid JSON"):
         load_pool(tmp_path / "bad.json", AGENTS)
     rows = raw_rows()
     rows[1]["agent_order"] = AGENTS[::-1]
-    with pytest.raises(UsageError, match=r"has agent_order .* but earlier rows have"):
+    with pytest.raises(InputError, match=r"has agent_order .* but earlier rows have"):
         load_cost_data(write_jsonl(tmp_path / "order.jsonl", rows))
     rows = raw_rows()
     rows[1]["mean_reward"] = [1.5, 0.0]
-    with pytest.raises(UsageError, match="mean_reward must be 2 numbers in \\[0, 1\\]"):
+    with pytest.raises(InputError, match="mean_reward must be 2 numbers in \\[0, 1\\]"):
         load_cost_data(write_jsonl(tmp_path / "range.jsonl", rows))
     write_jsonl(tmp_path / "empty.jsonl", [])
-    with pytest.raises(UsageError, match="has no rows"):
+    with pytest.raises(InputError, match="has no rows"):
         load_cost_data(tmp_path / "empty.jsonl")
 
 

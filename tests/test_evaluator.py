@@ -9,7 +9,7 @@ from dataclasses import fields
 import pytest
 
 from benchgen_router.cli.main import build_parser
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.evaluator import EvaluateConfig, evaluate
 from benchgen_router.files import to_json
 from helpers import cli, synthetic_rows, write_jsonl
@@ -44,5 +44,5 @@ def test_a_split_with_no_rows_is_one_line(tmp_path):
         tasks=str(write_jsonl(tmp_path / "t.jsonl", tasks)),
         split="nowhere",
     )
-    with pytest.raises(UsageError, match="no joined row has split 'nowhere'"):
+    with pytest.raises(InputError, match="no joined row has split 'nowhere'"):
         evaluate(config)

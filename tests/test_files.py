@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.files import (
     Output,
     Query,
@@ -85,7 +85,7 @@ def test_the_input_itself_is_refused_also_through_a_link(tmp_path):
     link = tmp_path / "alias.txt"
     link.symlink_to(source)
     for output in (source, link):
-        with pytest.raises(UsageError, match="is the input file"):
+        with pytest.raises(InputError, match="is the input file"):
             Output(output, inputs=[source])
     assert source.read_text() == "q\n"
 
@@ -93,7 +93,7 @@ def test_the_input_itself_is_refused_also_through_a_link(tmp_path):
 def test_atomic_output_refuses_its_input(tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text('{"query": "q"}\n')
-    with pytest.raises(UsageError, match="is the input file"), atomic_output(source, inputs=[source]) as handle:
+    with pytest.raises(InputError, match="is the input file"), atomic_output(source, inputs=[source]) as handle:
         handle.write("results")
     assert source.read_text() == '{"query": "q"}\n'
 
@@ -125,12 +125,12 @@ def test_a_device_is_written_as_a_stream_and_kept():
     [("/sys/kernel/out.jsonl", "cannot write to"), ("/no/such/folder/out.jsonl", "does not exist")],
 )
 def test_an_unwritable_output_is_found_before_any_work(path, message):
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(InputError, match=message):
         Output(path)
 
 
 def test_json_output_never_holds_nan():
     assert to_json({"a": 1.5}) == '{"a": 1.5}'
     for bad in (float("nan"), float("inf")):
-        with pytest.raises(UsageError, match="NaN or an infinite number"):
+        with pytest.raises(InputError, match="NaN or an infinite number"):
             to_json({"logit": bad})

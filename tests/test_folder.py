@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.folder import CARD_END, check_output_folder, is_router_folder, merge_card, render_card
 from configuration_router import RouterConfig
 from helpers import AGENTS
@@ -41,7 +41,7 @@ def test_folders_that_hold_something_else_are_refused(tmp_path):
     check_output_folder(tmp_path / "new", overwrite=False)  # a new folder is fine
     (tmp_path / "theirs").mkdir()
     (tmp_path / "theirs" / "notes.md").write_text("x")
-    with pytest.raises(UsageError, match="already holds files and no router"):
+    with pytest.raises(InputError, match="already holds files and no router"):
         check_output_folder(tmp_path / "theirs", overwrite=False)
     check_output_folder(tmp_path / "theirs", overwrite=True)
     (tmp_path / "router").mkdir()

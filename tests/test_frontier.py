@@ -11,7 +11,7 @@ import pytest
 
 from benchgen_router import frontier as fr
 from benchgen_router.costs import CostData, load_cost_data
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.head import head_picks
 from benchgen_router.training import search_head
 from helpers import PILOT, cli, run_tool
@@ -85,7 +85,7 @@ def test_train_heads_over_grid_carries_each_heads_cv_point():
     assert [h.cv_point["name"] for h in heads] == ["router lc0_ll0", "router lc1_ll0"]
     assert heads[1].cv_point["share"]["cheap"] == 1.0
     json.dumps([h.cv_point for h in heads])
-    with pytest.raises(UsageError, match="no point for trade-off lc2_ll0"):
+    with pytest.raises(InputError, match="no point for trade-off lc2_ll0"):
         fr.train_heads_over_grid(embeddings, data, [fr.Tradeoff(2.0, 0.0)], FAST, cv)
 
 
@@ -124,9 +124,9 @@ def test_fold_assignments_hold_every_row_out_once_per_repeat_and_are_seeded():
         assert sorted(np.bincount(repeat)) == [4, 4, 5, 5, 5]
     np.testing.assert_array_equal(assignment, fr.fold_assignments(23, 5, 4, seed=7))
     assert not np.array_equal(assignment[0], assignment[1])
-    with pytest.raises(UsageError, match="needs 2 to 23 folds"):
+    with pytest.raises(InputError, match="needs 2 to 23 folds"):
         fr.fold_assignments(23, 1, 1, 0)
-    with pytest.raises(UsageError, match="at least 1 repeat"):
+    with pytest.raises(InputError, match="at least 1 repeat"):
         fr.fold_assignments(23, 5, 0, 0)
 
 
@@ -269,7 +269,7 @@ def test_remedies_seed_ensemble_and_shrink_are_one_linear_head_and_off_by_defaul
         ({"ensemble_seeds": []}, "must be a non-empty list of integers"),
         ({"shrink": 1.0}, r"shrink 1.0 must be a number in \[0, 1\)"),
     ):
-        with pytest.raises(UsageError, match=message):
+        with pytest.raises(InputError, match=message):
             fr.make_searcher(kwargs)
 
 
@@ -284,12 +284,12 @@ def test_grid_parsing_and_bad_input():
         ("1e308", r"cost weight 1e\+308 must be a number from 0 to 1e\+06"),
         ("0:inf", "latency weight inf must be"),
     ):
-        with pytest.raises(UsageError, match=message):
+        with pytest.raises(InputError, match=message):
             fr.parse_grid(text)
     embeddings, data = synthetic()
-    with pytest.raises(UsageError, match="39 embeddings for 40 labelled rows"):
+    with pytest.raises(InputError, match="39 embeddings for 40 labelled rows"):
         fr.cross_validate_frontier(embeddings[:-1], data, [fr.Tradeoff()], folds=2, repeats=1)
-    with pytest.raises(UsageError, match="grid is empty"):
+    with pytest.raises(InputError, match="grid is empty"):
         fr.cross_validate_frontier(embeddings, data, [], folds=2, repeats=1)
 
 
@@ -313,7 +313,7 @@ def test_table_dict_and_plots(tmp_path):
     assert as_dict["headline"]["reference"] == result.reference
     back = fr.frontier_from_dict(as_dict)
     assert fr.format_frontier(back, knn_ks=(1,)) == table
-    with pytest.raises(UsageError, match="stored frontier is incomplete"):
+    with pytest.raises(InputError, match="stored frontier is incomplete"):
         fr.frontier_from_dict({"points": []})
     fr.plot_frontier(result, tmp_path / "cost.png", tmp_path / "latency.png", knn_k=1)
     for name in ("cost.png", "latency.png"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchgen_router import hardware
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 
 
 def test_cpu_features_and_the_bf16_rule_follow_the_cpu_flags():
@@ -28,7 +28,7 @@ def avx2_only() -> dict[str, bool]:
 def test_emulated_bfloat16_is_refused_unless_forced(monkeypatch, caplog):
     monkeypatch.setattr(hardware, "cpu_features", avx2_only)
     assert not hardware.bf16_is_fast("cpu")
-    with pytest.raises(UsageError, match="bfloat16 would be emulated"):
+    with pytest.raises(InputError, match="bfloat16 would be emulated"):
         hardware.resolve_dtype("bfloat16", "cpu")
     assert hardware.resolve_dtype("bfloat16", "cpu", allow_emulated=True) == torch.bfloat16
     assert "emulated" in caplog.text
@@ -60,15 +60,15 @@ def test_auto_never_picks_emulated_bfloat16_for_a_bfloat16_router(converted, mon
 
 @pytest.mark.parametrize(("value", "message"), [("bogus", "unknown dtype"), ("int8", "unknown dtype")])
 def test_unknown_dtypes_are_one_line(value, message):
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(InputError, match=message):
         hardware.resolve_dtype(value, "cpu")
 
 
 def test_devices_are_checked():
-    with pytest.raises(UsageError, match="unknown device 'warp'"):
+    with pytest.raises(InputError, match="unknown device 'warp'"):
         hardware.check_device("warp")
     if not torch.cuda.is_available():
-        with pytest.raises(UsageError, match="no CUDA GPU"):
+        with pytest.raises(InputError, match="no CUDA GPU"):
             hardware.resolve_device("cuda:0")
     assert hardware.resolve_device(None) in ("cpu", "cuda")
 

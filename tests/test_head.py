@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.head import check_float32_finite, head_logits, head_param_count, head_picks, theta_to_state_dict
 
 
@@ -44,6 +44,6 @@ def test_head_logits_scores_a_population_at_once():
 def test_values_that_are_not_finite_in_float32_are_refused(value):
     theta = np.zeros(15)
     theta[2] = value
-    with pytest.raises(UsageError, match="overflow float32"):
+    with pytest.raises(InputError, match="overflow float32"):
         check_float32_finite(theta, "head")
     check_float32_finite(np.full(15, 3.0e38), "head")  # the largest finite float32 values pass

@@ -9,16 +9,16 @@ import shutil
 import pytest
 from transformers import BertConfig, RobertaConfig
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.loading import backbone_source, load_router, usable_positions
 from benchgen_router.routing import pick_agent
 from helpers import AGENTS, cli, synthetic_rows, write_jsonl, write_release
 
 
 def test_an_empty_folder_is_not_a_router(tmp_path, capsys):
-    with pytest.raises(UsageError, match=r"holds no config\.json, so it is not a router folder"):
+    with pytest.raises(InputError, match=r"holds no config\.json, so it is not a router folder"):
         load_router(tmp_path)
-    with pytest.raises(UsageError, match="not a router folder"):
+    with pytest.raises(InputError, match="not a router folder"):
         pick_agent("What is 2+2?", model=tmp_path)
     assert cli("route", "--model", tmp_path, "What is 2+2?") == 2
     assert "not a router folder" in capsys.readouterr().err
@@ -26,7 +26,7 @@ def test_an_empty_folder_is_not_a_router(tmp_path, capsys):
 
 def test_a_trainer_output_folder_says_how_to_convert_it(tmp_path, capsys):
     write_release(tmp_path / "run", 32)
-    with pytest.raises(UsageError, match="is a trainer output folder") as raised:
+    with pytest.raises(InputError, match="is a trainer output folder") as raised:
         load_router(tmp_path / "run")
     assert "benchgen-router convert --manifest" in str(raised.value) and "--export" in str(raised.value)
     reward_rows, task_rows = synthetic_rows(14)
@@ -37,7 +37,7 @@ def test_a_trainer_output_folder_says_how_to_convert_it(tmp_path, capsys):
 
 def test_another_model_type_is_refused_before_its_code_runs(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(UsageError, match="is not a BenchGen router"):
+    with pytest.raises(InputError, match="is not a BenchGen router"):
         load_router(tmp_path)
 
 

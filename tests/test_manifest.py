@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.manifest import (
     PROVENANCE_KEYS,
     READER_KEYS,
@@ -39,7 +39,7 @@ def test_the_reference_schema_and_what_readers_rely_on():
     ],
 )
 def test_what_readers_cannot_use_is_refused_with_one_line(change, message):
-    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
         validate_manifest({**GOOD, **change}, "m.json")
 
 

@@ -14,7 +14,7 @@ import torch
 
 from benchgen_router import ood, routing
 from benchgen_router.convert import convert_release as convert_release_api
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.files import read_jsonl
 from benchgen_router.loading import load_router
 from benchgen_router.routing import run_router
@@ -104,9 +104,9 @@ def test_conformal_threshold_is_the_stated_order_statistic():
     assert ood.conformal_threshold(scores, 0.95) == 96.0  # ceil(101 * 0.95) = 96th smallest
     assert ood.conformal_threshold(scores, 0.5) == 51.0
     assert ood.conformal_threshold(np.arange(19.0), 0.95) == 18.0  # 19 scores: the largest
-    with pytest.raises(UsageError, match="give at least 19"):
+    with pytest.raises(InputError, match="give at least 19"):
         ood.conformal_threshold(np.arange(18.0), 0.95)
-    with pytest.raises(UsageError, match="strictly between 0 and 1"):
+    with pytest.raises(InputError, match="strictly between 0 and 1"):
         ood.conformal_threshold(scores, 1.0)
 
 
@@ -134,7 +134,7 @@ def test_shrinkage_weights_follow_the_data():
     wide = rng.normal(size=(10, 50))  # singular sample covariance
     for method in ood.SHRINKAGE_METHODS:
         np.linalg.cholesky(ood.shrunk_covariance(wide, method)[0])
-    with pytest.raises(UsageError, match="unknown shrinkage"):
+    with pytest.raises(InputError, match="unknown shrinkage"):
         ood.shrunk_covariance(isotropic, "graphical_lasso")
 
 
@@ -216,7 +216,7 @@ def test_logistic_regression_separates_and_needs_both_classes():
     outside = np.r_[np.zeros(80), np.ones(20)].astype(bool)
     weights, bias = ood.logistic_regression(rows, outside, l2=0.1)
     assert (((rows @ weights + bias) > 0) == outside).mean() >= 0.97
-    with pytest.raises(UsageError, match="needs both in-distribution and outside"):
+    with pytest.raises(InputError, match="needs both in-distribution and outside"):
         ood.logistic_regression(rows, np.zeros(100, dtype=bool), l2=0.1)
 
 
@@ -242,7 +242,7 @@ def test_saved_guard_round_trips(tmp_path, synthetic):
     np.savez(tmp_path / "guard.npz", **guard.tensors())
     assert ood.load_guard(tmp_path / "guard.npz").threshold == guard.threshold
     assert sorted(p.name for p in tmp_path.iterdir()) == ["guard.npz", "guard.safetensors"]  # no temporary left
-    with pytest.raises(UsageError, match="takes 24-d embeddings"):
+    with pytest.raises(InputError, match="takes 24-d embeddings"):
         loaded.scores(np.ones((2, 7), dtype=np.float32))
 
 
@@ -251,12 +251,12 @@ def test_saving_refuses_bad_statistics_and_keeps_the_old_file(tmp_path, syntheti
     path = ood.save_guard(tmp_path / "guard.safetensors", guard)
     before = path.read_bytes()
     broken = ood.OODGuard(guard.mean, guard.precision, float("nan"), guard.metadata)
-    with pytest.raises(UsageError, match="holds NaN"):
+    with pytest.raises(InputError, match="holds NaN"):
         ood.save_guard(path, broken)
     assert path.read_bytes() == before
-    with pytest.raises(UsageError, match="does not exist"):
+    with pytest.raises(InputError, match="does not exist"):
         ood.save_guard(tmp_path / "missing" / "guard.safetensors", guard)
-    with pytest.raises(UsageError, match=r"saved as \.safetensors"):
+    with pytest.raises(InputError, match=r"saved as \.safetensors"):
         ood.save_guard(tmp_path / "guard.npz", guard)
 
 
@@ -300,7 +300,7 @@ def _non_positive_definite(precision: np.ndarray) -> np.ndarray:
 )
 def test_bad_safetensors_statistics_are_refused(tmp_path, good_tensors, case, change, message):
     path = _write_safetensors(tmp_path / "bad.safetensors", change(good_tensors))
-    with pytest.raises(UsageError, match=message) as caught:
+    with pytest.raises(InputError, match=message) as caught:
         ood.load_guard(path, embedding_dim=24)
     assert "\n" not in str(caught.value) and str(path) in str(caught.value)
 
@@ -329,7 +329,7 @@ def test_bad_files_of_other_kinds_are_refused(tmp_path, good_tensors):
     (tmp_path / "stats.pt").write_bytes(b"whatever")
     cases.append((tmp_path / "stats.pt", "unknown file type"))
     for path, message in cases:
-        with pytest.raises(UsageError, match=message) as caught:
+        with pytest.raises(InputError, match=message) as caught:
             ood.load_guard(path)
         assert "\n" not in str(caught.value), path
 
@@ -348,9 +348,9 @@ def test_fallback_agent_is_the_best_fixed_or_the_cheapest_near_it():
     assert ood.fallback_agent(rewards, costs, tolerance=0.4) == 1
     assert ood.fallback_agent(rewards[:, :3]) == 0  # equal means: the lowest index
     assert ood.fallback_agent(rewards[:, :3], np.array([1.0, 1.0, 1.0]), tolerance=1.0) == 0  # equal cost: best
-    with pytest.raises(UsageError, match="one per agent"):
+    with pytest.raises(InputError, match="one per agent"):
         ood.fallback_agent(rewards, costs[:3])
-    with pytest.raises(UsageError, match="non-empty"):
+    with pytest.raises(InputError, match="non-empty"):
         ood.fallback_agent(np.zeros((0, 4)))
 
 
@@ -518,7 +518,7 @@ def test_converter_refuses_bad_statistics_and_writes_nothing(
     )  # fmt: skip
     assert code == 2
     assert not out.exists()
-    with pytest.raises(UsageError, match=message) as caught:
+    with pytest.raises(InputError, match=message) as caught:
         convert_release_api(manifest, weights, out, backbone=str(backbone_dir), ood_stats=path)
     assert "\n" not in str(caught.value) and not out.exists()
 

@@ -12,7 +12,7 @@ import torch
 
 import modeling_router
 from benchgen_router import routing
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.head import head_logits, theta_to_state_dict
 from benchgen_router.loading import backbone_router, load_router
 from benchgen_router.routing import EmptyQueryError, get_router, pick_agent, plan_batches, run_router
@@ -135,11 +135,11 @@ def test_every_batching_argument_is_validated_at_the_api(converted, value):
     folder, _ = converted[0]
     model, tokenizer = load_router(folder)
     for kwargs in ({"batch_size": value}, {"max_batch_tokens": value}):
-        with pytest.raises(UsageError, match="must be a positive integer"):
+        with pytest.raises(InputError, match="must be a positive integer"):
             pick_agent(QUERIES[:2], model=(model, tokenizer), **kwargs)
-        with pytest.raises(UsageError, match="must be a positive integer"):
+        with pytest.raises(InputError, match="must be a positive integer"):
             run_router(model, tokenizer, QUERIES[:2], **kwargs)
-        with pytest.raises(UsageError, match="must be a positive integer"):
+        with pytest.raises(InputError, match="must be a positive integer"):
             plan_batches([5, 3], packed=True, packing=modeling_router, **kwargs)
 
 
@@ -219,14 +219,14 @@ def test_pick_agent_routes_at_each_operating_point(operating_router, backbone_di
             check_result(result, row)
     default = pick_agent(queries, model=folder)
     assert default == pick_agent(queries, model=folder, operating_point="balanced")
-    with pytest.raises(UsageError, match="'cheap' is not one of this router's: balanced, fast, quality"):
+    with pytest.raises(InputError, match="'cheap' is not one of this router's: balanced, fast, quality"):
         pick_agent(queries[0], model=folder, operating_point="cheap")
 
 
 def test_a_single_head_router_refuses_an_operating_point_and_names_none(converted):
     folder, _ = converted[0]
     assert "operating_point" not in pick_agent(QUERIES[0], model=folder)
-    with pytest.raises(UsageError, match="single head and no operating points"):
+    with pytest.raises(InputError, match="single head and no operating points"):
         pick_agent(QUERIES[0], model=folder, operating_point="quality")
 
 

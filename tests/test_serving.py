@@ -42,7 +42,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.slow  # a real Ray and service: a minute before the first answer
 
-from benchgen_router.errors import UsageError  # noqa: E402
+from benchgen_router.errors import InputError  # noqa: E402
 from benchgen_router.loading import load_router  # noqa: E402
 from benchgen_router.model_code import default_router_dir  # noqa: E402
 from benchgen_router.routing import pick_agent  # noqa: E402
@@ -215,11 +215,11 @@ def test_pool_without_a_pool_file_and_pool_file_checks(tmp_path):
         ('[{"agent_id": "a"}, {"agent_id": "a"}]', "twice"),
     ):
         bad.write_text(content)
-        with pytest.raises(UsageError, match=words):
+        with pytest.raises(InputError, match=words):
             read_pool_file(bad)
-    with pytest.raises(UsageError, match="not found"):
+    with pytest.raises(InputError, match="not found"):
         read_pool_file(tmp_path / "missing.json")
-    with pytest.raises(UsageError, match="cannot read pool file"):
+    with pytest.raises(InputError, match="cannot read pool file"):
         read_pool_file(tmp_path)  # a folder
     bad.write_text('[{"agent_id": "a", "slug": "x"}]')  # prices are optional for the service
     assert read_pool_file(bad) == [
@@ -643,7 +643,7 @@ def test_ray_data_routes_at_an_operating_point(service, operating_router, conver
         (str(converted[0][0]), "quality", "single head and no operating points"),
     ):
         missing = tmp_path / f"never-{point}.jsonl"
-        with pytest.raises(UsageError, match=words) as refusal:
+        with pytest.raises(InputError, match=words) as refusal:
             route_file_with_ray(source, missing, model=model, operating_point=point)
         assert "\n" not in str(refusal.value) and not missing.exists()
 
@@ -783,7 +783,7 @@ def test_pool_lists_the_operating_points_and_the_services_default(points_service
 def test_a_pool_file_that_does_not_fit_the_router_is_refused(service, tmp_path):
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps([{"agent_id": "someone_else", "slug": "x"}]))
-    with pytest.raises(UsageError) as refusal:
+    with pytest.raises(InputError) as refusal:
         serve(None, pool_file=wrong, blocking=False)  # joins this process's Ray: replaces the app
     message = str(refusal.value)
     assert "someone_else" in message and "frontier_a" in message and "\n" not in message
@@ -798,7 +798,7 @@ def test_a_wrong_operating_point_stops_the_service_with_one_line(service, operat
     assert cli("serve", "--model", operating_router[0], "--operating-point", "cheap", "--port", port) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and "'cheap' is not one of this router's: balanced, fast, quality" in errors[0]
-    with pytest.raises(UsageError, match="single head and no operating points"):
+    with pytest.raises(InputError, match="single head and no operating points"):
         serve(converted[0][0], operating_point="quality", blocking=False)
     assert set(ray.serve.status().applications) == deployed
 

@@ -20,7 +20,7 @@ from helpers import AGENTS
 pytest.importorskip("ray.serve")
 from starlette.requests import Request
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.serving.app import DEFAULT_MAX_REQUEST_BYTES, RequestProblem, parse_route_body, read_body
 from benchgen_router.serving.replica import (
     BatchMerger,
@@ -178,18 +178,18 @@ def test_operating_points_and_pool_files_are_checked_against_the_router():
 
 
 def test_start_up_checks_are_one_line_in_bounded_time():
-    with pytest.raises(UsageError, match="need 10000 CPUs"):
+    with pytest.raises(InputError, match="need 10000 CPUs"):
         check_cpus("replicas", 10_000)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        with pytest.raises(UsageError, match="pass a free port"):
+        with pytest.raises(InputError, match="pass a free port"):
             check_port_free("127.0.0.1", busy.getsockname()[1], "the service")
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     started = time.monotonic()
-    with pytest.raises(UsageError, match="no Ray cluster answers"):
+    with pytest.raises(InputError, match="no Ray cluster answers"):
         check_reachable(f"127.0.0.1:{port}")
     assert time.monotonic() - started < 15
 
@@ -227,9 +227,9 @@ def test_the_application_for_serve_run_is_the_one_serve_deploys():
     assert (ingress.name, routers.name) == ("Ingress", "Router")
     assert routers.num_replicas == 2 and ingress.init_args[1:] == (16, DEFAULT_MAX_REQUEST_BYTES)
     assert routers.init_args[0] is None and routers.init_args[-1] == "fast"  # None: the default router
-    with pytest.raises(UsageError, match="unknown argument"):
+    with pytest.raises(InputError, match="unknown argument"):
         app_builder({"replica": "2"})
-    with pytest.raises(UsageError, match="replicas must be a number"):
+    with pytest.raises(InputError, match="replicas must be a number"):
         app_builder({"replicas": "two"})
-    with pytest.raises(UsageError, match="replicas must be a positive integer"):
+    with pytest.raises(InputError, match="replicas must be a positive integer"):
         app_builder({"replicas": "0"})

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchgen_router.cli.main import build_parser
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.trainer import TrainConfig, train, train_defaults
 from helpers import AGENTS, cli, synthetic_rows, write_jsonl
 
@@ -44,6 +44,6 @@ def test_train_from_python_writes_what_the_command_writes(tmp_path, backbone_dir
 
 def test_bad_search_settings_fail_before_any_work(tmp_path):
     config = TrainConfig(rewards="absent.jsonl", tasks="absent.jsonl", output_dir=tmp_path / "out", shrink=1.5)
-    with pytest.raises(UsageError, match=r"shrink 1\.5"):
+    with pytest.raises(InputError, match=r"shrink 1\.5"):
         train(config)
     assert not (tmp_path / "out").exists()

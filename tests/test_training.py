@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.evaluation import baselines
 from benchgen_router.head import head_logits
 from benchgen_router.training import fitness, search_head
@@ -79,5 +79,5 @@ def test_settings_the_libraries_would_reject_are_refused_first(settings, message
     """numpy refuses seed -1, pycma stops a popsize-2 search with "unused injected direction", and a
     sigma0 of 1e308 trains infinite weights: each is one clear line before any work."""
     embeddings, rewards = clustered(rows=20)
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(InputError, match=message):
         search_head(embeddings, rewards, generations=settings.pop("generations", 3), **settings)

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.files import atomic_output
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
@@ -520,7 +520,7 @@ class Bench:
             )
         if code != 0:
             tail = Path(f"{stem}.log").read_text(errors="replace").strip().splitlines()[-15:]
-            raise UsageError(f"the {kind} job failed (exit {code}):\n  " + "\n  ".join(tail))
+            raise InputError(f"the {kind} job failed (exit {code}):\n  " + "\n  ".join(tail))
         result = json.loads(Path(f"{stem}.json").read_text(encoding="utf-8"))
         if Path(f"{stem}.npz").exists():
             result["arrays"] = dict(np.load(f"{stem}.npz"))
@@ -595,7 +595,7 @@ def check_arguments(args: argparse.Namespace) -> argparse.Namespace:
         return args
     args.device = args.device.lower()
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
-        raise UsageError(f"unknown device '{args.device}'; use cpu or cuda.")
+        raise InputError(f"unknown device '{args.device}'; use cpu or cuda.")
     if args.modes is None:
         from benchgen_router.hardware import bf16_is_fast
 
@@ -605,11 +605,11 @@ def check_arguments(args: argparse.Namespace) -> argparse.Namespace:
     known = {"ref-batch16", "default", *OFFERED_MODES, *TRIAL_MODE_NAMES}
     unknown = [m for m in args.modes if m not in known]
     if unknown:
-        raise UsageError(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}.")
+        raise InputError(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}.")
     for name in ("layers", "queries", "threads", "batch_size", "max_batch_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1.")
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1.")
     return args
 
 
@@ -683,7 +683,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     load_start = os.getloadavg()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False).")
+        raise InputError("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False).")
     threads = args.threads or torch.get_num_threads()
     geometry = dict(TINY if args.tiny else QWEN3_1_7B)
     if args.layers:

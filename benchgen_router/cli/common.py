@@ -120,12 +120,12 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
 
 
 def _run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace, verbose: bool) -> int:
-    from benchgen_router.errors import UsageError, first_line
+    from benchgen_router.errors import RouterError, first_line
 
     try:
         return command(args)
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except RouterError as err:
+        print(f"error: {err.for_command_line()}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -153,13 +153,13 @@ def _run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace,
 
 def read_card_note(note: str | None) -> str | None:
     """--card-note text, or the contents of the file named after '@'."""
-    from benchgen_router.errors import UsageError
+    from benchgen_router.errors import InputError
 
     if note is None or not note.startswith("@"):
         return note
     try:
         return Path(note[1:]).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(
+        raise InputError(
             f"cannot read --card-note file {note[1:]} ({getattr(err, 'strerror', None) or err})."
         ) from None

@@ -36,7 +36,7 @@ import logging
 from pathlib import Path
 
 from benchgen_router.cli.common import EXIT_CODES_HELP, add_batching_arguments, add_dtype_arguments
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.ood import group_lines
 
 logger = logging.getLogger("benchgen_router")
@@ -89,18 +89,18 @@ def _check_readable(path: Path, flag: str, what: str) -> None:
         with path.open("rb"):
             pass
     except FileNotFoundError:
-        raise UsageError(f"{flag} {path} not found; pass {what}.") from None
+        raise InputError(f"{flag} {path} not found; pass {what}.") from None
     except IsADirectoryError:
-        raise UsageError(f"{flag} {path} is a folder; pass {what}.") from None
+        raise InputError(f"{flag} {path} is a folder; pass {what}.") from None
     except OSError as err:
-        raise UsageError(f"cannot read {flag} {path} ({err.strerror}); pass {what} this user can read.") from None
+        raise InputError(f"cannot read {flag} {path} ({err.strerror}); pass {what} this user can read.") from None
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """File problems of the cost options, found before torch is imported and the router loaded."""
     for flag, value in (("--pool", args.pool), ("--plot", args.plot)):
         if value is not None and args.calls is None:
-            raise UsageError(f"{flag} needs --calls (the raw per-call records the cost figures come from).")
+            raise InputError(f"{flag} needs --calls (the raw per-call records the cost figures come from).")
     if args.calls is not None:
         _check_readable(args.calls, "--calls", "the raw per-call JSONL file (rewards.v1-pilot.jsonl format)")
     if args.pool is not None:
@@ -108,7 +108,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if args.plot is not None:
         folder = Path(f"{args.plot}-cost.png").parent
         if not folder.is_dir():
-            raise UsageError(f"--plot folder {folder} does not exist; create it or pass another prefix.")
+            raise InputError(f"--plot folder {folder} does not exist; create it or pass another prefix.")
 
 
 def run(args: argparse.Namespace) -> int:

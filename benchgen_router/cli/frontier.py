@@ -17,7 +17,7 @@ from pathlib import Path
 from benchgen_router.cli.common import EXIT_CODES_HELP
 from benchgen_router.costs import costs_for_labelled
 from benchgen_router.data import join_rewards, load_rows
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.files import atomic_output
 from benchgen_router.frontier.cv import (
     DEFAULT_CV_SEED,
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         box = None
         if args.target_box:
             if len(args.target_box) != 3:
-                raise UsageError("--target-box takes three numbers: eps,cost share,latency share.")
+                raise InputError("--target-box takes three numbers: eps,cost share,latency share.")
             reference = result.point(result.reference)
             eps, cost_share, latency_share = args.target_box
             box = {

@@ -152,14 +152,14 @@ def write_records(handle: TextIO, records: Sequence[dict[str, Any]], as_json: bo
 
 def route_command_line(args: argparse.Namespace) -> int:
     """Queries given as arguments: each must be routable (else one line, exit 2), printed in order."""
-    from benchgen_router.errors import UsageError
+    from benchgen_router.errors import InputError
     from benchgen_router.files import Query, text_problem
     from benchgen_router.routing import EMPTY_QUERY, route_results
 
     queries = []
     for position, query in enumerate(args.queries, start=1):
         if problem := text_problem(query, f"query {position}"):
-            raise UsageError(f"{problem}; a router cannot score it.")
+            raise InputError(f"{problem}; a router cannot score it.")
         queries.append(Query(position, query))
     router, tokenizer = load(args)
     results = route_results(
@@ -172,7 +172,7 @@ def route_command_line(args: argparse.Namespace) -> int:
     )
     empty = [str(query.line) for query, result in zip(queries, results, strict=True) if result is None]
     if empty:
-        raise UsageError(f"query {', '.join(empty)} {EMPTY_QUERY}; a router cannot score it.")
+        raise InputError(f"query {', '.join(empty)} {EMPTY_QUERY}; a router cannot score it.")
     write_records(sys.stdout, results, as_json=args.json)
     return EXIT_OK
 
@@ -199,7 +199,7 @@ def route_file(args: argparse.Namespace) -> int:
     """A whole file, streamed: chunks read, routed and written in order."""
     from tqdm.auto import tqdm
 
-    from benchgen_router.errors import UsageError
+    from benchgen_router.errors import InputError
     from benchgen_router.files import Output, Query, Skipped, input_format, open_input, read_queries
 
     fmt = input_format(args.input, args.format)
@@ -227,7 +227,7 @@ def route_file(args: argparse.Namespace) -> int:
                 counts.update(record["picked_agent"] for record in records)
                 bar.update(len(records))
         if lines == 0:
-            raise UsageError(f"{source} holds no lines; nothing to route.")
+            raise InputError(f"{source} holds no lines; nothing to route.")
         routed = sum(counts.values())
         if output is not None:
             if routed:
@@ -246,12 +246,12 @@ def route_file(args: argparse.Namespace) -> int:
 
 def route_file_on_ray(args: argparse.Namespace) -> int:
     """--engine ray: the same records, routed by an actor pool of Ray Data (see serving.route_file_with_ray)."""
-    from benchgen_router.errors import UsageError
+    from benchgen_router.errors import InputError
 
     try:
         from benchgen_router.serving import route_file_with_ray
     except ImportError as err:
-        raise UsageError(
+        raise InputError(
             f"--engine ray needs Ray Data ({err.name} is missing): pip install 'benchgen-router[serving]'."
         ) from None
     result = route_file_with_ray(

@@ -64,12 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from benchgen_router.errors import UsageError
+    from benchgen_router.errors import InputError
 
     if args.batch_wait_ms < 0:
-        raise UsageError(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}.")
+        raise InputError(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}.")
     if args.pool is not None and not args.pool.is_file():
-        raise UsageError(f"pool file not found: {args.pool}")
+        raise InputError(f"pool file not found: {args.pool}")
     if args.model is not None:  # before Ray starts: a missing folder is a usage error in a second, not a minute
         from benchgen_router.loading import check_router_source
 
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from benchgen_router.serving import serve
     except ImportError as err:
-        raise UsageError(
+        raise InputError(
             f"serving needs Ray Serve ({err.name} is missing): pip install 'benchgen-router[serving]'."
         ) from None
     serve(

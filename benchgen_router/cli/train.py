@@ -297,7 +297,7 @@ def seed_list(text: str) -> list[int]:
 def operating_point(text: str) -> tuple[str, Any]:
     """NAME=COST[:LATENCY] -> (name, Tradeoff)."""
     from benchgen_router.costs import MAX_WEIGHT
-    from benchgen_router.errors import UsageError
+    from benchgen_router.errors import InputError
     from benchgen_router.frontier import parse_grid
     from benchgen_router.model_code import OPERATING_POINT_NAME
 
@@ -308,7 +308,7 @@ def operating_point(text: str) -> tuple[str, Any]:
         )
     try:
         grid = parse_grid(weights)
-    except UsageError:
+    except InputError:
         raise argparse.ArgumentTypeError(
             f"'{text}': COST[:LATENCY] must be one number or a cost:latency pair of numbers from 0 to "
             f"{MAX_WEIGHT:g} (e.g. balanced=0.2 or fast=0:0.01)"
@@ -320,14 +320,14 @@ def operating_point(text: str) -> tuple[str, Any]:
 
 def read_config(path: Path) -> dict[str, Any]:
     """Option defaults from a reference trainer config file (unknown keys are logged and ignored)."""
-    from benchgen_router.errors import UsageError
+    from benchgen_router.errors import InputError
     from benchgen_router.files import read_json
 
     config = read_json(path, "config file")
     if not isinstance(config, dict):
-        raise UsageError(f"config file {path} must be a JSON object of trainer settings.")
+        raise InputError(f"config file {path} must be a JSON object of trainer settings.")
     if "tasks_dataset" in config and "tasks_path" in config:
-        raise UsageError(f"config file {path} gives both tasks_dataset and tasks_path; keep one.")
+        raise InputError(f"config file {path} gives both tasks_dataset and tasks_path; keep one.")
     defaults: dict[str, Any] = {}
     for key, value in config.items():
         if key not in CONFIG_KEYS:
@@ -338,17 +338,17 @@ def read_config(path: Path) -> dict[str, Any]:
             continue
         wrong = f"config file {path}: '{key}' must be {KIND_NAMES[kind]}, got {value!r}."
         if isinstance(value, bool | list | dict):
-            raise UsageError(wrong)
+            raise InputError(wrong)
         try:
             defaults[dest] = kind(str(value))
         except ValueError:
-            raise UsageError(wrong) from None
+            raise InputError(wrong) from None
     return defaults
 
 
 def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, reparse: Any) -> argparse.Namespace:
     """Apply --config (the command line wins over the file), then check what argparse cannot."""
-    from benchgen_router.errors import UsageError
+    from benchgen_router.errors import InputError
     from benchgen_router.training import check_search_settings
 
     if args.config is not None:
@@ -358,56 +358,56 @@ def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         f for f, v in (("--rewards", args.rewards), ("--tasks", args.tasks), ("--output-dir", args.output_dir)) if not v
     ]
     if missing:
-        raise UsageError(f"missing {', '.join(missing)} (on the command line or in --config).")
+        raise InputError(f"missing {', '.join(missing)} (on the command line or in --config).")
     if args.cv_folds == 1:
-        raise UsageError("--cv-folds must be 0 (skip) or at least 2.")
+        raise InputError("--cv-folds must be 0 (skip) or at least 2.")
     if args.head_hidden_dim < 0 or args.truncation_length < 1:
-        raise UsageError("--head-hidden-dim must be >= 0 and --truncation-length >= 1.")
+        raise InputError("--head-hidden-dim must be >= 0 and --truncation-length >= 1.")
     check_search_settings(args.sigma0, args.generations, args.seed, args.popsize, args.cma_library)
     if not 0.0 < args.ood_keep_share < 1.0:
-        raise UsageError(f"--ood-keep-share must lie strictly between 0 and 1, got {args.ood_keep_share}.")
+        raise InputError(f"--ood-keep-share must lie strictly between 0 and 1, got {args.ood_keep_share}.")
     if args.ood_queries is not None and not args.ood_queries.is_file():
-        raise UsageError(f"--ood-queries {args.ood_queries} not found; pass a JSONL file of query, group rows.")
+        raise InputError(f"--ood-queries {args.ood_queries} not found; pass a JSONL file of query, group rows.")
     check_value_arguments(args)
     args.backbone_id = args.backbone_id or args.backbone
     args.output_dir = Path(args.output_dir)
     for flag, folder in (("--output-dir", args.output_dir), ("--export", args.export)):
         if folder is not None and folder.exists() and not folder.is_dir():
-            raise UsageError(f"{flag} {folder} is a file; pass a folder.")
+            raise InputError(f"{flag} {folder} is a file; pass a folder.")
     return args
 
 
 def check_value_arguments(args: argparse.Namespace) -> None:
     """The cost/latency and search options, checked before any work."""
-    from benchgen_router.errors import UsageError
+    from benchgen_router.errors import InputError
 
     for flag, path in (("--calls", args.calls), ("--pool", args.pool)):
         if path is not None and not path.is_file():
-            raise UsageError(f"{flag} {path} not found; pass the file (see --help).")
+            raise InputError(f"{flag} {path} not found; pass the file (see --help).")
     if args.pool is not None and args.calls is None:
-        raise UsageError("--pool prices calls: pass --calls FILE with it.")
+        raise InputError("--pool prices calls: pass --calls FILE with it.")
     points = args.operating_points or []
     names = [name for name, _ in points]
     if points and args.calls is None:
-        raise UsageError("--operating-point trains for cost and latency: pass --calls FILE (the per-call records).")
+        raise InputError("--operating-point trains for cost and latency: pass --calls FILE (the per-call records).")
     if len(set(names)) != len(names):
-        raise UsageError(f"--operating-point names repeat: {sorted({n for n in names if names.count(n) > 1})}.")
+        raise InputError(f"--operating-point names repeat: {sorted({n for n in names if names.count(n) > 1})}.")
     if len({tradeoff for _, tradeoff in points}) != len(points):
-        raise UsageError("two --operating-point names have the same weights; give each point its own trade-off.")
+        raise InputError("two --operating-point names have the same weights; give each point its own trade-off.")
     if args.default_operating_point is not None and args.default_operating_point not in names:
-        raise UsageError(
+        raise InputError(
             f"--default-operating-point {args.default_operating_point!r} is not one of the --operating-point "
             f"names {names or '(none given)'}."
         )
     if args.target_eps is not None:
         if len(points) < 2:
-            raise UsageError("--target-eps chooses between operating points: give at least two --operating-point.")
+            raise InputError("--target-eps chooses between operating points: give at least two --operating-point.")
         if args.default_operating_point is not None:
-            raise UsageError("--target-eps chooses the default operating point; drop --default-operating-point.")
+            raise InputError("--target-eps chooses the default operating point; drop --default-operating-point.")
         if not args.target_eps >= 0:
-            raise UsageError(f"--target-eps must be a reward difference >= 0, got {args.target_eps}.")
+            raise InputError(f"--target-eps must be a reward difference >= 0, got {args.target_eps}.")
         if not args.cv_folds:
-            raise UsageError("--target-eps chooses by cross-validation: --cv-folds must not be 0.")
+            raise InputError("--target-eps chooses by cross-validation: --cv-folds must not be 0.")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from benchgen_router.costs import CostData, cheapest_of_best
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.frontier.grid import Searcher, Tradeoff, default_grid, make_searcher, search_settings
 from benchgen_router.frontier.pareto import _TIE, area_under_frontier, cheapest_within, mark_frontier
 from benchgen_router.head import head_picks
@@ -32,9 +32,9 @@ DEFAULT_KNN_KS = (1, 3, 5, 10)
 def fold_assignments(rows: int, folds: int, repeats: int, seed: int) -> np.ndarray:
     """(repeats, rows) fold index of each row in each repeat: seeded shuffles, fold sizes within one."""
     if folds < 2 or folds > rows:
-        raise UsageError(f"cross-validation needs 2 to {rows} folds for {rows} rows (got {folds}).")
+        raise InputError(f"cross-validation needs 2 to {rows} folds for {rows} rows (got {folds}).")
     if repeats < 1:
-        raise UsageError(f"cross-validation needs at least 1 repeat (got {repeats}).")
+        raise InputError(f"cross-validation needs at least 1 repeat (got {repeats}).")
     rng = np.random.default_rng(seed)
     assignment = np.empty((repeats, rows), dtype=int)
     for repeat in range(repeats):
@@ -189,12 +189,12 @@ def cross_validate_frontier(
 
     embeddings = np.asarray(embeddings)
     if embeddings.ndim != 2 or len(embeddings) != len(data):
-        raise UsageError(
+        raise InputError(
             f"{len(embeddings)} embeddings for {len(data)} labelled rows; embed exactly the labelled prompts, in order."
         )
     grid = list(grid) if grid is not None else default_grid()
     if not grid:
-        raise UsageError("the trade-off grid is empty; pass at least one weight.")
+        raise InputError("the trade-off grid is empty; pass at least one weight.")
     settings = search_settings(search_kwargs)
     default_search, hidden_dim = make_searcher(settings)
     search = searcher or default_search
@@ -456,7 +456,7 @@ def train_heads_over_grid(
     `cv`, a cross_validate_frontier run with the same data and search; None leaves it out)."""
     embeddings = np.asarray(embeddings)
     if len(embeddings) != len(data):
-        raise UsageError(f"{len(embeddings)} embeddings for {len(data)} labelled rows; embed the labelled prompts.")
+        raise InputError(f"{len(embeddings)} embeddings for {len(data)} labelled rows; embed the labelled prompts.")
     search, _ = make_searcher(search_kwargs)
     heads = []
     for tradeoff in grid:
@@ -465,7 +465,7 @@ def train_heads_over_grid(
             try:
                 point = cv.point(_router_name(tradeoff)).to_dict()
             except KeyError:
-                raise UsageError(
+                raise InputError(
                     f"the CV run has no point for trade-off {tradeoff.name}; run it over the same grid."
                 ) from None
         theta = search(embeddings, tradeoff.utility(data))

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from benchgen_router.costs import CostData, utility_matrix
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.training import SearchResult, search_head
 
 # The release trainer's search (separable CMA-ES, sigma0 0.5, 60 generations, seed 42) unless the caller passes others.
@@ -72,14 +72,14 @@ def parse_grid(text: str) -> list[Tradeoff]:
                 raise ValueError
             weights = [float(piece) for piece in pieces]
         except ValueError:
-            raise UsageError(
+            raise InputError(
                 f"trade-off '{item}' is not a number or a cost:latency pair; write e.g. '0,0.5,1' or '0:0,0:0.01'."
             ) from None
         tradeoff = Tradeoff(weights[0], weights[1] if len(weights) == 2 else 0.0)
         if tradeoff not in grid:
             grid.append(tradeoff)
     if not grid:
-        raise UsageError("the trade-off grid is empty; pass at least one weight, e.g. '0,0.5,1'.")
+        raise InputError("the trade-off grid is empty; pass at least one weight, e.g. '0,0.5,1'.")
     return grid
 
 
@@ -92,7 +92,7 @@ def regularised_utility(utility: np.ndarray, shrink: float) -> np.ndarray:
     search fits noise; the measured effect is in docs/cost-frontier.md. shrink 0 returns U itself.
     """
     if not isinstance(shrink, int | float) or isinstance(shrink, bool) or not 0 <= shrink < 1:
-        raise UsageError(f"shrink {shrink!r} must be a number in [0, 1) (0: no regularisation).")
+        raise InputError(f"shrink {shrink!r} must be a number in [0, 1) (0: no regularisation).")
     if shrink == 0:
         return utility
     return (1 - shrink) * utility + shrink * utility.mean(axis=0)
@@ -107,15 +107,15 @@ def _search_plan(search_kwargs: dict[str, Any] | None) -> tuple[dict[str, Any], 
     regularised_utility(np.zeros((1, 1)), shrink)
     if seeds is not None:
         if not isinstance(seeds, list | tuple) or not seeds or not all(isinstance(s, int) for s in seeds):
-            raise UsageError(f"ensemble_seeds {seeds!r} must be a non-empty list of integers.")
+            raise InputError(f"ensemble_seeds {seeds!r} must be a non-empty list of integers.")
         if kwargs["hidden_dim"] != 0:
-            raise UsageError("a seed ensemble averages linear heads only; use hidden_dim 0.")
+            raise InputError("a seed ensemble averages linear heads only; use hidden_dim 0.")
         seeds = list(seeds)
     return kwargs, shrink, seeds
 
 
 def check_search_options(search_kwargs: dict[str, Any] | None) -> None:
-    """UsageError (one line) when these search options cannot run: checked before any work."""
+    """InputError (one line) when these search options cannot run: checked before any work."""
     _search_plan(search_kwargs)
 
 

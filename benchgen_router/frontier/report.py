@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from benchgen_router.errors import UsageError
+from benchgen_router.errors import InputError
 from benchgen_router.frontier.cv import CVPoint, FrontierResult
 from benchgen_router.frontier.grid import Tradeoff
 from benchgen_router.frontier.pareto import headline, mark_frontier
@@ -108,4 +108,4 @@ def frontier_from_dict(stored: dict[str, Any]) -> FrontierResult:
             tuple(stored["aiq_window_cost_per_1k"]),
         )
     except (KeyError, TypeError) as err:
-        raise UsageError(f"stored frontier is incomplete ({err}); pass what frontier_to_dict wrote.") from None
+        raise InputError(f"stored frontier is incomplete ({err}); pass what frontier_to_dict wrote.") from None

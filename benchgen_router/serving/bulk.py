@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from benchgen_router.errors import UsageError, first_line, raise_terminated
+from benchgen_router.errors import InputError, first_line, raise_terminated
 from benchgen_router.files import (
     Query,
     atomic_output,
@@ -181,12 +181,12 @@ def route_file_with_ray(
         ids: dict[int, Any] = {}  # kept here: ids of mixed types do not fit one Arrow column
         if parquet:
             if not Path(source).exists():
-                raise UsageError(f"input file not found: {source}")
+                raise InputError(f"input file not found: {source}")
         else:
             with open_input(source) as stream:
                 lines = list(read_queries(stream, input_format(source, fmt), text_field, id_field, source))
             if not lines:
-                raise UsageError(f"{source} holds no lines; nothing to route.")
+                raise InputError(f"{source} holds no lines; nothing to route.")
             for item in lines:
                 if isinstance(item, Query):
                     rows.append({"line": item.line, "text": item.text})
@@ -198,7 +198,7 @@ def route_file_with_ray(
             with ray_for_bulk(address, max(os.cpu_count() or 1, actors * threads), progress) as data:
                 available = ray.cluster_resources().get("CPU", 0)
                 if available < threads:
-                    raise UsageError(
+                    raise InputError(
                         f"this Ray has {available:g} CPUs and each actor asks for {threads}; lower threads."
                     )
                 if parquet:
@@ -268,7 +268,7 @@ def parquet_dataset(
         dataset = data.read_parquet(source)
         names = list(dataset.schema().names)
     except (OSError, ValueError) as err:
-        raise UsageError(f"cannot read Parquet input {source} ({first_line(err)}).") from None
+        raise InputError(f"cannot read Parquet input {source} ({first_line(err)}).") from None
     text_column = choose_text_field(names, text_field, source)
     id_column = choose_id_field(names, id_field, source)
     if id_column == text_column:

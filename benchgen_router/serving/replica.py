@@ -22,7 +22,7 @@ from typing import Any
 
 from ray import serve as ray_serve
 
-from benchgen_router.errors import UsageError, first_line
+from benchgen_router.errors import InputError, first_line
 from benchgen_router.loading import load_router
 from benchgen_router.routing import EMPTY_QUERY, route_results
 
@@ -190,7 +190,7 @@ class RouterReplica:
         self.identity: dict[str, str | None] = {"name": "default" if model is None else str(model), "revision": None}
         try:
             self.router, self.tokenizer = load_router(model, revision=revision, backbone=backbone)
-        except UsageError as err:
+        except InputError as err:
             # Reported to the driver (describe()), which stops the service with this line.
             self.problem = str(err)
             return

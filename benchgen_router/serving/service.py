@@ -28,7 +28,7 @@ import ray
 from ray import serve as ray_serve
 
 from benchgen_router.costs import read_pool_file
-from benchgen_router.errors import Terminated, UsageError, first_line
+from benchgen_router.errors import InputError, Terminated, first_line
 from benchgen_router.serving.app import (
     DEFAULT_MAX_QUERIES,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -113,7 +113,7 @@ def check_port_free(host: str, port: int, what: str) -> None:
         try:
             probe.bind((host, port))
         except OSError as err:
-            raise UsageError(f"cannot listen on {host}:{port} for {what} ({err.strerror}); pass a free port.") from None
+            raise InputError(f"cannot listen on {host}:{port} for {what} ({err.strerror}); pass a free port.") from None
 
 
 def check_cpus(what: str, wanted: int, declared: int | None = None) -> None:
@@ -122,7 +122,7 @@ def check_cpus(what: str, wanted: int, declared: int | None = None) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     available = declared or cores
     if wanted > available:
-        raise UsageError(
+        raise InputError(
             f"{what} need {wanted} CPUs but this machine has {available}; pass fewer {what}, or --address of a "
             "Ray cluster that has the CPUs."
         )
@@ -137,7 +137,7 @@ def check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
     except OSError as err:
-        raise UsageError(
+        raise InputError(
             f"no Ray cluster answers at {address} ({err.strerror or type(err).__name__}); start one "
             "(`ray start --head`) or pass the address it printed."
         ) from None
@@ -178,20 +178,20 @@ def single_machine_ray() -> Iterator[None]:
 
 
 def check_router_point(model: str | None, revision: str | None, operating_point: str | None) -> None:
-    """UsageError naming the router's operating points when it lacks `operating_point`, from its
+    """InputError naming the router's operating points when it lacks `operating_point`, from its
     config.json alone: checked here, before Ray starts, since every replica or actor would only
     find out after loading the whole router. A config.json this machine cannot read (a folder only
     the cluster's nodes have) is left to the replicas and actors, which check the name again."""
     if operating_point is None:
         return
     if not isinstance(operating_point, str):
-        raise UsageError(f"operating_point must be a name (a str) or None, got {type(operating_point).__name__}.")
+        raise InputError(f"operating_point must be a name (a str) or None, got {type(operating_point).__name__}.")
     from benchgen_router.loading import declared_config
     from benchgen_router.model_code import RouterConfig, default_router_dir
 
     try:
         declared = declared_config(str(default_router_dir() if model is None else model), revision)
-    except UsageError:
+    except InputError:
         return
     try:
         config = RouterConfig(
@@ -199,7 +199,7 @@ def check_router_point(model: str | None, revision: str | None, operating_point:
         )
         config.check_operating_point(operating_point)
     except ValueError as err:
-        raise UsageError(first_line(err)) from None
+        raise InputError(first_line(err)) from None
 
 
 def build_application(
@@ -251,14 +251,14 @@ def app_builder(args: dict[str, str]) -> Any:
     known = {"model", "revision", "backbone", "pool", "operating_point", "batch_wait_ms", *integers}
     unknown = sorted(set(args) - known)
     if unknown:
-        raise UsageError(f"unknown argument(s) {', '.join(unknown)}; pass some of {', '.join(sorted(known))}.")
+        raise InputError(f"unknown argument(s) {', '.join(unknown)}; pass some of {', '.join(sorted(known))}.")
     settings: dict[str, Any] = {key: value for key, value in args.items() if key not in ("model", "pool")}
     for key in settings:
         if key in integers or key == "batch_wait_ms":
             try:
                 settings[key] = int(settings[key]) if key in integers else float(settings[key])
             except ValueError:
-                raise UsageError(f"{key} must be a number, got {settings[key]!r}.") from None
+                raise InputError(f"{key} must be a number, got {settings[key]!r}.") from None
             check_positive(key, settings[key], integer=key in integers)
     pool = read_pool_file(args["pool"]) if "pool" in args else None
     return build_application(args.get("model"), pool=pool, **settings)
@@ -267,7 +267,7 @@ def app_builder(args: dict[str, str]) -> Any:
 def check_positive(name: str, value: float, integer: bool = True) -> None:
     if (integer and (not isinstance(value, int) or value < 1)) or value < 0:
         kind = "a positive integer" if integer else "a number >= 0"
-        raise UsageError(f"{name} must be {kind}, got {value!r}.")
+        raise InputError(f"{name} must be {kind}, got {value!r}.")
 
 
 def serve(
@@ -313,7 +313,7 @@ def serve(
     blocking=True serves until Ctrl-C or SIGTERM, then drains the requests in flight and shuts
     down cleanly (the application; Serve and Ray too when they were started here), and raises
     KeyboardInterrupt or errors.Terminated again, so that the caller exits as interrupted.
-    blocking=False returns a RunningService to close(). Raises UsageError (one line) for bad
+    blocking=False returns a RunningService to close(). Raises InputError (one line) for bad
     settings, a busy port, a router that cannot be loaded, an operating point it does not have, or
     a pool file that does not fit it.
     """
@@ -389,7 +389,7 @@ def serve(
         )
         problem = handle.get_startup_problem.remote().result()
         if problem:
-            raise UsageError(problem)
+            raise InputError(problem)
         logger.info(
             "serving %s on %s (API at %s/docs%s); %d replica%s, %d CPU%s each",
             "the default router" if model is None else model,
