@@ -28,3 +28,20 @@ def test_loading_peak_rss_stays_near_the_weights_size(checkpoint_dtype):
         assert 0.8 < f["ratio"] < 1.6, (mode, f)
     if checkpoint_dtype == "bfloat16" and int(transformers.__version__.split(".")[0]) >= 5:
         assert figures["head-only"]["ratio"] < 1.3, figures["head-only"]
+
+
+def test_table_has_a_line_per_checkpoint_mode():
+    from benchgen_router.bench.load_memory import table_lines
+
+    figures = {"backbone_bytes": 2**30, "dtype": "torch.float32", "load_increase_bytes": 2**30, "ratio": 1.25}
+    results = {"head-only": {**figures, "increase_bytes": 1.25 * 2**30}, "bundled": {**figures, "ratio": 2.0}}
+    results["bundled"]["increase_bytes"] = 2 * 2**30
+    lines = table_lines(results, layers=2, vocab=32_000, checkpoint_dtype="bfloat16")
+    assert lines[0].startswith("Qwen3-1.7B geometry, 2 layers, vocab 32,000, saved in bfloat16, loaded in float32;")
+    assert (
+        lines[1].startswith("| checkpoint | backbone weights |") and lines[2] == "| --- | ---: | ---: | ---: | ---: |"
+    )
+    assert lines[3:] == [
+        "| head-only | 1.00 GiB (torch.float32) | 1.00 GiB | 1.25 GiB | 1.25 |",
+        "| bundled | 1.00 GiB (torch.float32) | 1.00 GiB | 2.00 GiB | 2.00 |",
+    ]

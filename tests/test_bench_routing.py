@@ -1,6 +1,6 @@
 """bench/routing.py: a smoke run at a tiny geometry (every row and column present, the default path
-agrees with the reference, peaks measured at the tiny shapes), plus the sampling and the generated
-workload it relies on."""
+agrees with the reference, peaks measured at the tiny shapes), the bench command's checks, and the
+columns each row gets against row (a)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 
 from benchgen_router import speedups
-from benchgen_router.bench.routing import (
-    OFFERED_MODES,
-    PROMPT_CHAR_PERCENTILES,
-    TRIAL_MODE_NAMES,
-    generated_workload,
-    qwen3_tokenizer_dir,
-    stratified_sample,
-)
+from benchgen_router.bench.routing import OFFERED_MODES, TRIAL_MODE_NAMES, row_metrics, table_rows
+from benchgen_router.bench.synthetic import qwen3_tokenizer_dir
 from benchgen_router.hardware import bf16_is_fast
 from helpers import run_tool
 
@@ -87,18 +81,30 @@ def test_the_mode_names_offered_without_importing_torch_are_the_speed_modes():
     assert set(OFFERED_MODES) == set(speedups.SPEED_MODES) and set(TRIAL_MODE_NAMES) == set(speedups.TRIAL_MODES)
 
 
-def test_stratified_sample_spans_the_length_range():
-    lengths = list(range(1000))
-    picks = stratified_sample(lengths, 10, seed=3)
-    assert len(set(picks)) == 10
-    assert sorted(p // 100 for p in picks) == list(range(10))  # one per decile
-    assert picks != sorted(picks)  # random order: the batch-16 reference must not get pre-sorted input
-    assert picks == stratified_sample(lengths, 10, seed=3)
+def fake_row(seconds: float, picks: list[int], scale: float = 1.0) -> dict:
+    logits = np.full((len(picks), 5), -1.0)
+    logits[np.arange(len(picks)), picks] = 1.0
+    embeddings = np.arange(len(picks) * 4, dtype=np.float32).reshape(len(picks), 4) * scale
+    arrays = {"logits": logits, "embeddings": embeddings}
+    return {"seconds": seconds, "cpu_seconds": seconds, "load_seconds": 1.0, "arrays": arrays}
 
 
-def test_generated_workload_follows_the_real_lengths():
-    prompts = generated_workload(2000, seed=0)
-    lengths = np.array([len(p) for p in prompts])
-    median = PROMPT_CHAR_PERCENTILES[len(PROMPT_CHAR_PERCENTILES) // 2]
-    assert abs(np.median(lengths) - median) < 0.1 * median
-    assert lengths.min() >= PROMPT_CHAR_PERCENTILES[0] and lengths.max() <= PROMPT_CHAR_PERCENTILES[-1] + 20
+def test_row_metrics_are_against_row_a_and_the_peaks():
+    ref = fake_row(4.0, [0, 1, 2, 3])
+    row = fake_row(2.0, [0, 1, 2, 4], scale=1.01)
+    metrics = row_metrics(row, ref, tokens=400, flops=8e9, peaks={"float32": 2.0, "bfloat16": 8.0}, threads=2)
+    assert metrics["speedup"] == 2.0 and metrics["queries_per_s"] == 2.0 and metrics["tokens_per_s"] == 200.0
+    assert metrics["gflops"] == 4.0 and metrics["pct_fp32_peak"] == 200.0 and metrics["pct_bf16_peak"] == 50.0
+    assert metrics["agreement"] == 0.75 and metrics["picks"] == [0, 1, 2, 4]
+    assert abs(metrics["emb_rel_err"] - 0.01) < 1e-6
+    assert metrics["cpu_share"] == 0.5
+    assert row_metrics(row, ref, 400, 8e9, {"float32": 2.0}, 2)["pct_bf16_peak"] is None
+
+
+def test_table_rows_drop_the_arrays_and_title_each_row():
+    rows = {"ref-single": fake_row(4.0, [0, 1]), "default": fake_row(2.0, [0, 1]), "bf16": fake_row(1.0, [0, 2])}
+    table = table_rows(rows, tokens=100, flops=1e9, peaks={"float32": 1.0}, threads=1)
+    assert list(table) == ["ref-single", "default", "bf16"]
+    assert all("arrays" not in entry for entry in table.values())
+    assert table["ref-single"]["title"].startswith("(a) reference") and table["ref-single"]["speedup"] == 1.0
+    assert table["bf16"]["title"].startswith("(d) speed mode bf16: ") and table["bf16"]["agreement"] == 0.5

@@ -1,1 +1,1 @@
-"""Benchmarks: routing speed against the reference, and the peak memory of loading a router."""
+"""Benchmarks as library code: routing speed, the service under load, memory of loading and streaming."""

@@ -1,24 +1,11 @@
-"""Load benchmark of the HTTP routing service against routing in-process, as one markdown table.
+"""The HTTP routing service under load, against routing in-process, as one markdown table.
 
-    python -m benchgen_router.bench.service                 # default router, 127.0.0.1, a free port
-    python -m benchgen_router.bench.service --profile       # and where the service's CPU time goes
-
-Rows: in-process run_router (throughput of one call over every query, and one-query latency)
-with torch's default threads and with 1, quiet and beside a CPU-burning background process; then
-the service at 1, 8, 32 and 128 concurrent clients (one query per request), with Ray Serve's
-dynamic batching on and off (max_batch_size 1), with 8 queries per request, and with batching on
-beside the CPU burner. "CPU ms/query" is the CPU time of every process involved (for the service:
-replicas, proxy, Ray's own processes and the client) per query routed. Each level is bounded: at most
---requests requests and --seconds seconds, after a short warm-up. All traffic goes to 127.0.0.1.
-
-Targets checked below the table, against the best quiet in-process figures: at concurrency >= 32
-the service reaches >= 70% of in-process throughput; at concurrency 1 its median latency is within
-5 ms of in-process one-query latency. With --profile: CPU time per query by process, and py-spy's
-shares of the replicas' and the proxy's samples.
-Load average is printed before and after: on a shared machine other work skews every figure.
+A service is worth its overhead only if it keeps most of in-process throughput under concurrency and
+adds little latency at one client; the rows and targets are in docs/benchmark.md.
 """
 
-import argparse
+from __future__ import annotations
+
 import asyncio
 import contextlib
 import logging
@@ -35,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.files import atomic_output
 from benchgen_router.hardware import cpu_features
 from benchgen_router.loading import load_router
 from benchgen_router.routing import run_router
@@ -104,8 +90,8 @@ def cpu_burner(active: bool, seconds: float) -> Iterator[None]:
 
 
 def in_process_rows(router: Any, tokenizer: Any, queries: Sequence[str], samples: int, label: str) -> list[Row]:
-    """Throughput of one run_router call over every query, and the latency of one-query calls,
-    with torch's current thread count."""
+    """Throughput of one run_router call over every query and latency of one-query calls: the
+    service's ceiling and floor, at torch's current thread count."""
     import torch
 
     run_router(router, tokenizer, queries[:16])  # warm-up
@@ -151,8 +137,8 @@ def in_process_all(queries: Sequence[str], samples: int, label: str) -> list[Row
 async def load_level(
     url: str, queries: Sequence[str], concurrency: int, requests: int, seconds: float, per_request: int = 1
 ) -> Row:
-    """`concurrency` clients, each sending its next request (`per_request` queries) as soon as
-    the last is answered, until `requests` were sent or `seconds` passed. The rate counts queries."""
+    """`concurrency` closed-loop clients until `requests` were sent or `seconds` passed; the rate
+    counts queries, so requests of several queries compare with one-query ones."""
     import aiohttp
 
     latencies: list[float] = []
@@ -246,8 +232,8 @@ def cpu_seconds(pids: Sequence[int]) -> float:
 def profile_level(
     url: str, queries: Sequence[str], concurrency: int, requests: int, seconds: float, py_spy: bool
 ) -> list[str]:
-    """CPU milliseconds per routed query by process (the client is this process), and with
-    py-spy the share of the replicas' samples spent in the model, for one load level."""
+    """CPU ms per routed query by process (the client is this one) and, with py-spy, what the
+    replicas' and the proxy's samples were doing: where the service's overhead goes."""
     roles = serve_processes()
     roles["client (this process)"] = [os.getpid()]
     before = {role: cpu_seconds(pids) for role, pids in roles.items()}
@@ -315,9 +301,8 @@ def markdown(rows: Sequence[Row]) -> list[str]:
 
 
 def target_lines(rows: Sequence[Row]) -> list[str]:
-    """The two targets, each against the best quiet in-process figure (torch's default thread
-    count can be far from the best on a busy machine), and what the CPU cost per query allows
-    on a machine with nothing else running."""
+    """The two targets, against the best quiet in-process figure (torch's default thread count can be
+    far from the best on a busy machine), and what CPU per query allows on an idle machine."""
     quiet = [r for r in rows if r.setup.startswith("in-process") and "quiet" in r.setup]
     in_process = max((r for r in quiet if "one call" in r.concurrency), key=lambda r: r.rate)
     single = min((r for r in quiet if "per call" in r.concurrency), key=lambda r: float(np.median(r.latencies_ms)))
@@ -356,67 +341,77 @@ def target_lines(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    title, _, details = (__doc__ or "").partition("\n\n")
-    parser = argparse.ArgumentParser(
-        description=title, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add = parser.add_argument
-    add("--requests", type=int, default=1500, help="at most this many requests per load level (default 1500)")
-    add("--seconds", type=float, default=12.0, help="at most this long per load level (default 12)")
-    add("--queries", type=int, default=256, help="distinct benchmark queries (default 256)")
-    add("--samples", type=int, default=50, help="one-query in-process calls timed (default 50)")
-    add("--replicas", type=int, default=2, help="service replicas (default 2)")
-    add("--threads", type=int, default=1, help="CPUs (= torch threads) per replica (default 1)")
-    add("--max-batch-size", type=int, default=32, help="dynamic batching's batch size when on (default 32)")
-    add("--batch-wait-ms", type=float, default=0.0, help="how long a batch waits for more (default 0)")
-    add("--profile", action="store_true", help="add a CPU-time breakdown (and py-spy shares when installed)")
-    add("--skip-load", action="store_true", help="leave out the rows beside the CPU burner")
-    add("--output", type=Path, help="also write the report to this markdown file")
-    return parser.parse_args(argv)
+@dataclass(frozen=True)
+class ServiceBenchOptions:
+    """One run's bounds and service settings, as the command takes them."""
+
+    requests: int = 1500
+    seconds: float = 12.0
+    queries: int = 256
+    samples: int = 50
+    replicas: int = 2
+    threads: int = 1
+    max_batch_size: int = 32
+    batch_wait_ms: float = 0.0
+    profile: bool = False
+    skip_load: bool = False
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    queries = benchmark_queries(args.queries)
+def run_service_benchmark(options: ServiceBenchOptions) -> str:
+    """The whole benchmark as the markdown report: in-process rows first, then the service's."""
+    queries = benchmark_queries(options.queries)
     load_before = os.getloadavg()
-    bound = args.seconds * len(CONCURRENCY) * 3 + 300  # the burner never outlives the run
+    bound = options.seconds * len(CONCURRENCY) * 3 + 300  # the burner never outlives the run
+    rows = measure_in_process(queries, options, bound)
+    served, extra = measure_service(queries, options, bound)
+    return report_text(options, rows + served, extra, load_before)
 
-    rows = in_process_all(queries, args.samples, ", quiet")
-    if not args.skip_load:
+
+def measure_in_process(queries: Sequence[str], options: ServiceBenchOptions, bound: float) -> list[Row]:
+    rows = in_process_all(queries, options.samples, ", quiet")
+    if not options.skip_load:
         with cpu_burner(True, bound):
-            rows += in_process_all(queries, args.samples, ", beside a CPU burner")
+            rows += in_process_all(queries, options.samples, ", beside a CPU burner")
+    return rows
 
+
+def measure_service(queries: Sequence[str], options: ServiceBenchOptions, bound: float) -> tuple[list[Row], list[str]]:
+    """Batching on (with several queries per request, and beside the burner), then off; the profile
+    lines when asked for."""
     port = free_port()
-    common: dict[str, Any] = {"port": port, "replicas": args.replicas, "threads": args.threads, "blocking": False}
+    common: dict[str, Any] = {"port": port, "replicas": options.replicas, "threads": options.threads, "blocking": False}
     extra: list[str] = []
-    service = serve(None, max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, **common)
+    limits = (options.requests, options.seconds)
+    service = serve(None, max_batch_size=options.max_batch_size, batch_wait_ms=options.batch_wait_ms, **common)
     try:
         url = service.url + "/v1/route"
-        setup = f"service, batching on ({args.replicas}x{args.threads} CPU, batch {args.max_batch_size})"
-        rows += service_rows(url, queries, setup, CONCURRENCY, args.requests, args.seconds)
+        setup = f"service, batching on ({options.replicas}x{options.threads} CPU, batch {options.max_batch_size})"
+        rows = service_rows(url, queries, setup, CONCURRENCY, *limits)
         # Several queries per request: Ray Serve's cost per request is shared by them.
-        rows += service_rows(url, queries, f"{setup}, 8 queries per request", (32,), args.requests, args.seconds, 8)
-        if args.profile:
-            extra = profile_level(url, queries, 32, args.requests, args.seconds, py_spy=True)
-        if not args.skip_load:
+        rows += service_rows(url, queries, f"{setup}, 8 queries per request", (32,), *limits, 8)
+        if options.profile:
+            extra = profile_level(url, queries, 32, options.requests, options.seconds, py_spy=True)
+        if not options.skip_load:
             with cpu_burner(True, bound):
-                rows += service_rows(
-                    url, queries, setup + ", beside a CPU burner", (1, 32), args.requests, args.seconds
-                )
+                rows += service_rows(url, queries, setup + ", beside a CPU burner", (1, 32), *limits)
         # Joins this process's Ray and replaces the application: batches of one query.
         serve(None, max_batch_size=1, batch_wait_ms=0.0, **common)
-        setup = f"service, batching off ({args.replicas}x{args.threads} CPU, batch 1)"
-        rows += service_rows(url, queries, setup, CONCURRENCY, args.requests, args.seconds)
+        setup = f"service, batching off ({options.replicas}x{options.threads} CPU, batch 1)"
+        rows += service_rows(url, queries, setup, CONCURRENCY, *limits)
     finally:
         service.close()
+    return rows, extra
 
+
+def report_text(
+    options: ServiceBenchOptions, rows: Sequence[Row], extra: Sequence[str], load_before: tuple[float, float, float]
+) -> str:
+    """The machine and its load first: on a shared machine other work skews every figure."""
     features = ", ".join(name for name, present in cpu_features().items() if present) or "none of them"
     load_after = os.getloadavg()
     report = [
         f"Service load benchmark: default router, 127.0.0.1, {os.cpu_count()} CPUs; one query per request; "
-        f"at most {args.requests} requests / {args.seconds:g} s per level.",
+        f"at most {options.requests} requests / {options.seconds:g} s per level.",
         f"CPU matrix features: {features} (of {', '.join(cpu_features())}).",
         f"Load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}.",
         "",
@@ -426,16 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if extra:
         report += ["", *extra]
-    text = "\n".join(report) + "\n"
-    print(text)
-    if args.output:
-        with atomic_output(args.output) as handle:
-            handle.write(text)
-    return 0
+    return "\n".join(report) + "\n"
 
 
-if __name__ == "__main__":
-    from benchgen_router.cli.common import configure_output, run_command
+if __name__ == "__main__":  # `python -m benchgen_router.bench.service`
+    from benchgen_router.cli.bench_service import main
 
-    configure_output(verbose=False)
-    sys.exit(run_command(lambda _: main(), None))
+    sys.exit(main())

@@ -1,19 +1,11 @@
 """Peak memory of `benchgen-router route --input` against the size of its input: it must stay flat.
 
-    python -m benchgen_router.bench.streaming                       # 10k, 100k and 1M lines
-    python -m benchgen_router.bench.streaming --lines 10000 100000 --model ./router
-
-Writes a plain-text file of the pilot prompts repeated (or a generated workload of the same
-lengths when ../shared is absent) at each size, routes it in a fresh process with `--output`, and
-reads that process's peak RSS from the kernel (wait4). Without --model the router is a tiny random
-BERT (hidden 32, one layer) with all-MiniLM-L6-v2's real tokenizer, so that a million lines route in
-minutes: what is measured is the streaming of the input and output, not the backbone.
+Measured in a fresh process per size, with a tiny router unless one is given, so that what grows
+(or does not) is the streaming of input and output, not the backbone; see docs/benchmark.md.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import subprocess
 import sys
@@ -21,13 +13,15 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from benchgen_router.bench.routing import AGENTS, DEFAULT_TASKS, convert_router, load_workload
+from benchgen_router.bench.synthetic import AGENTS, convert_router
 from benchgen_router.hardware import cpu_summary
 
 DEFAULT_LINES = (10_000, 100_000, 1_000_000)
+TINY_ROUTER = "a tiny random BERT (hidden 32, 1 layer) with MiniLM's tokenizer"
 
 
 def write_input(path: Path, prompts: Sequence[str], lines: int) -> int:
@@ -40,7 +34,7 @@ def write_input(path: Path, prompts: Sequence[str], lines: int) -> int:
 
 
 def route_and_measure(router: Path | None, source: Path, output: Path, threads: int) -> dict[str, float]:
-    """Route `source` in a fresh process; its exit code, wall time and peak RSS (bytes)."""
+    """Exit code, wall time and peak RSS (bytes, from wait4: the child's own peak) of routing `source`."""
     command = [sys.executable, "-m", "benchgen_router", "route", "--input", str(source), "--output", str(output)]
     command += ["--quiet", "--threads", str(threads)] + (["--model", str(router)] if router else [])
     started = time.perf_counter()
@@ -55,8 +49,8 @@ def route_and_measure(router: Path | None, source: Path, output: Path, threads: 
 
 
 def tiny_router(workdir: Path) -> Path:
-    """A one-layer, 32-wide random BERT with all-MiniLM-L6-v2's tokenizer (from its package): fast
-    enough to route a million lines, with a real tokenizer's cost per line."""
+    """A one-layer, 32-wide random BERT with all-MiniLM-L6-v2's real tokenizer: a million lines route
+    in minutes, with a real tokenizer's cost per line."""
     import shutil
 
     import torch
@@ -75,43 +69,40 @@ def tiny_router(workdir: Path) -> Path:
     return convert_router(workdir, backbone, theta, 32)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--lines", type=int, nargs="+", default=list(DEFAULT_LINES), help="input sizes in lines")
-    parser.add_argument("--model", type=Path, help="router to route with (default: a tiny random Qwen3 router)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the routing process (default: 1)")
-    parser.add_argument("--tasks", type=Path, default=DEFAULT_TASKS, help="workload JSONL (default: %(default)s)")
-    parser.add_argument("--workdir", type=Path, help="where to write the inputs (default: a temporary folder)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args(argv)
-
-    prompts, source = load_workload(args.tasks, seed=0)
+def measure_sizes(
+    prompts: Sequence[str], sizes: Sequence[int], model: Path | None, threads: int, workdir: Path | None
+) -> list[dict[str, Any]]:
+    """One row per input size; each input is deleted once routed, so disk use stays one file."""
     rows = []
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        workdir = Path(tmp)
-        router = args.model or tiny_router(workdir)
-        for lines in args.lines:
-            path = workdir / f"queries-{lines}.txt"
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        folder = Path(tmp)
+        router = model or tiny_router(folder)
+        for lines in sizes:
+            path = folder / f"queries-{lines}.txt"
             size = write_input(path, prompts, lines)
-            figures = route_and_measure(router, path, workdir / "picks.jsonl", args.threads)
-            with open(workdir / "picks.jsonl", "rb") as picks:
+            figures = route_and_measure(router, path, folder / "picks.jsonl", threads)
+            with open(folder / "picks.jsonl", "rb") as picks:
                 written = sum(1 for _ in picks)
             rows.append({"lines": lines, "input_bytes": size, "output_lines": written, **figures})
             path.unlink()
-    if args.json:
-        print(json.dumps({"workload": source, "cpu": cpu_summary(), "rows": rows}))
-        return 0
-    described = args.model or "a tiny random BERT (hidden 32, 1 layer) with MiniLM's tokenizer"
-    print(f"- router: {described}; workload: {source}")
-    print(f"- CPU: {cpu_summary()}; {args.threads} torch thread(s)")
-    print("\n| input lines | input MiB | routed | wall s | lines/s | peak RSS MiB |\n|---:|---:|---:|---:|---:|---:|")
+    return rows
+
+
+def table_lines(rows: Sequence[dict[str, Any]], model: Path | None, source: str, threads: int) -> list[str]:
+    lines = [
+        f"- router: {model or TINY_ROUTER}; workload: {source}",
+        f"- CPU: {cpu_summary()}; {threads} torch thread(s)",
+        "\n| input lines | input MiB | routed | wall s | lines/s | peak RSS MiB |\n|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
-        print(
+        lines.append(
             f"| {row['lines']:,} | {row['input_bytes'] / 2**20:.1f} | {row['output_lines']:,} | {row['seconds']:.0f} | "
             f"{row['lines'] / row['seconds']:.0f} | {row['peak_rss_bytes'] / 2**20:.0f} |"
         )
-    return 0
+    return lines
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m benchgen_router.bench.streaming`
+    from benchgen_router.cli.bench_streaming import main
+
     sys.exit(main())
