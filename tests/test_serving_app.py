@@ -1,12 +1,13 @@
 """The service's parts without a running Ray: request checks and body reading (serving.app) over
-Starlette's real Request and the ASGI protocol, the batch merger and operating-point checks
-(serving.replica), and the start-up checks (serving.service). The service itself, on a real Ray
-Serve, is tested in test_serving.py and test_serving_load.py."""
+Starlette's real Request and the ASGI protocol, errors as HTTP answers, the batch merger and
+operating-point checks (serving.replica), and the start-up checks (serving.service). The service
+itself, on a real Ray Serve, is tested in test_serving.py and test_serving_load.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import socket
 import threading
 import time
@@ -20,13 +21,21 @@ from helpers import AGENTS
 pytest.importorskip("ray.serve")
 from starlette.requests import Request
 
-from benchgen_router.errors import InputError
-from benchgen_router.serving.app import DEFAULT_MAX_REQUEST_BYTES, RequestProblem, parse_route_body, read_body
+from benchgen_router.errors import InputError, RouterTypeError
+from benchgen_router.serving.app import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    RequestError,
+    api,
+    http_error,
+    parse_route_body,
+    read_body,
+)
 from benchgen_router.serving.replica import (
     BatchMerger,
+    RouterReplica,
     operating_points_of,
-    point_problem,
     pool_for_router,
+    request_point,
 )
 from benchgen_router.serving.service import check_cpus, check_port_free, check_reachable
 from configuration_router import RouterConfig
@@ -36,9 +45,9 @@ POINTS = {"quality": {"cost_weight": 0.0, "latency_weight": 0.0}, "fast": {"cost
 
 def problem_of(body: object, max_queries: int = 4) -> tuple[int, str]:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    with pytest.raises(RequestProblem) as caught:
+    with pytest.raises(RequestError) as caught:
         parse_route_body(raw, max_queries)
-    return caught.value.status, caught.value.message
+    return caught.value.status, str(caught.value)
 
 
 def test_a_good_body_gives_its_queries_and_point():
@@ -68,6 +77,64 @@ def test_bad_bodies_are_refused_with_one_line(body, status, words):
     assert got_status == status and words in message and "\n" not in message
 
 
+def answer_of(err: Exception) -> tuple[int, dict]:
+    """(status, JSON body) of the answer the service's handlers give `err`, looked up as Starlette does."""
+    handler = next(api.exception_handlers[cls] for cls in type(err).__mro__ if cls in api.exception_handlers)
+    response = asyncio.run(handler(None, err))
+    return response.status_code, json.loads(response.body)
+
+
+def test_errors_become_answers_in_one_place():
+    from ray.exceptions import ActorDiedError, RayTaskError
+    from ray.serve.exceptions import RayServeException
+
+    assert answer_of(RequestError(413, "too big; split it.")) == (413, {"error": "too big; split it."})
+    assert answer_of(InputError("operating_point 'x' is not one of this router's: a, b.")) == (
+        422,
+        {"error": "operating_point 'x' is not one of this router's: a, b."},
+    )
+    assert answer_of(RouterTypeError('"operating_point" is int, not a name')) == (
+        422,
+        {"error": '"operating_point" is int, not a name'},
+    )
+    # Raised inside a replica, a library error arrives as Ray's wrapper: both a RayError and the
+    # error itself, whose text is the replica's process and traceback. The answer is the error's line.
+    cause = InputError("query 0 tokenizes to nothing; a router cannot score it.")
+    wrapped = RayTaskError("route", f"Traceback ...\nInputError: {cause}", cause).as_instanceof_cause()
+    assert isinstance(wrapped, InputError) and str(wrapped).splitlines()[0] != str(cause)
+    assert answer_of(wrapped) == (422, {"error": str(cause)})
+    failed = RayTaskError("route", "Traceback ...", RuntimeError("boom")).as_instanceof_cause()
+    for failure in (failed, ActorDiedError(), RayServeException("the deployment is gone")):
+        status, body = answer_of(failure)
+        assert status == 503 and body == {"error": f"the router replica failed ({type(failure).__name__}); retry."}
+    assert http_error(RuntimeError("a bug")) is None  # a 500, from the catch-all handler
+    copied = pickle.loads(pickle.dumps(RequestError(408, "late")))
+    assert (copied.status, str(copied)) == (408, "late")
+
+
+def test_a_replica_returns_its_refusals_for_the_ingress_to_raise():
+    """Returned, not raised: Ray Serve would log a traceback for each bad request."""
+    config = RouterConfig(id2label=dict(enumerate(AGENTS)), operating_points=POINTS, operating_point="quality")
+    replica = object.__new__(RouterReplica.func_or_class)  # its methods run without Ray
+    replica.router, replica.default_point = SimpleNamespace(config=config), "quality"
+
+    class Merger:
+        async def submit(self, items: list) -> list:
+            return [None if text == "\u200b" else {"text": text, "point": point} for text, point in items]
+
+    replica.merger = Merger()
+    assert asyncio.run(replica.route(["q"], None)) == {"results": [{"text": "q", "point": "quality"}]}
+    assert asyncio.run(replica.route(["q"], "fast"))["results"][0]["point"] == "fast"
+    for queries, point, kind, words in (
+        (["q"], "cheap", InputError, "'cheap' is not one of this router's"),
+        (["q"], 3, RouterTypeError, "is int, not a name"),
+        (["q", "\u200b"], None, InputError, "query 1 tokenizes to nothing"),
+    ):
+        refused = asyncio.run(replica.route(queries, point))["refused"]
+        assert isinstance(refused, kind) and words in str(refused)
+        assert answer_of(pickle.loads(pickle.dumps(refused)))[0] == 422  # it crosses processes
+
+
 def asgi_request(messages: list[dict], headers: dict[str, str], stall: bool = False) -> tuple[Request, list[int]]:
     """A Starlette Request whose body arrives as these ASGI messages (then, with `stall`, never
     anything more); the list counts the messages read."""
@@ -90,8 +157,8 @@ def asgi_request(messages: list[dict], headers: dict[str, str], stall: bool = Fa
     return Request(scope, receive), read
 
 
-def body_problem(request: Request, limit: int, timeout_s: float = 5.0) -> RequestProblem:
-    with pytest.raises(RequestProblem) as caught:
+def body_problem(request: Request, limit: int, timeout_s: float = 5.0) -> RequestError:
+    with pytest.raises(RequestError) as caught:
         asyncio.run(read_body(request, limit, timeout_s))
     return caught.value
 
@@ -107,7 +174,7 @@ def test_a_chunked_body_is_refused_at_the_chunk_that_crosses_the_limit():
     chunk = {"type": "http.request", "body": b"x" * 1000, "more_body": True}
     request, read = asgi_request([chunk] * 1000, {"transfer-encoding": "chunked"})
     problem = body_problem(request, 4096)
-    assert problem.status == 413 and "limit of 4096 bytes" in problem.message
+    assert problem.status == 413 and "limit of 4096 bytes" in str(problem)
     assert read[0] == 5  # 5 kB read of the 1 MB offered
 
 
@@ -115,14 +182,14 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading():
     whole = {"type": "http.request", "body": b"{}", "more_body": False}
     request, read = asgi_request([whole], {"content-length": "9999"})
     problem = body_problem(request, 4096)
-    assert problem.status == 413 and "9999 bytes" in problem.message and read[0] == 0
+    assert problem.status == 413 and "9999 bytes" in str(problem) and read[0] == 0
 
 
 def test_a_stalled_body_is_a_408_after_the_timeout():
     request, _ = asgi_request([{"type": "http.request", "body": b"{", "more_body": True}], {}, stall=True)
     started = time.monotonic()
     problem = body_problem(request, 4096, timeout_s=0.3)
-    assert problem.status == 408 and "0.3 s" in problem.message
+    assert problem.status == 408 and "0.3 s" in str(problem)
     assert time.monotonic() - started < 5
 
 
@@ -164,11 +231,15 @@ def test_the_merger_runs_what_queued_meanwhile_in_one_run_and_splits_big_request
 
 def test_operating_points_and_pool_files_are_checked_against_the_router():
     config = RouterConfig(id2label=dict(enumerate(AGENTS)), operating_points=POINTS, operating_point="quality")
-    assert point_problem(config, "fast") is None
-    assert "not one of this router's: fast, quality" in point_problem(config, "cheap")
-    assert "not a name" in point_problem(config, 3)
+    router = SimpleNamespace(config=config)
+    assert request_point(router, "fast") == "fast"
+    with pytest.raises(InputError, match="not one of this router's: fast, quality"):
+        request_point(router, "cheap")
+    with pytest.raises(RouterTypeError, match="not a name"):
+        request_point(router, 3)
     single = RouterConfig(id2label=dict(enumerate(AGENTS)))
-    assert "single head" in point_problem(single, "fast")
+    with pytest.raises(InputError, match="single head"):
+        request_point(SimpleNamespace(config=single), "fast")
     assert [p["name"] for p in operating_points_of(config, "quality")] == ["fast", "quality"]
     assert operating_points_of(single, None) is None
     pool = [{"id": agent, "slug": f"vendor/{agent}"} for agent in reversed(AGENTS)]
@@ -200,18 +271,18 @@ def test_a_draining_ingress_refuses_new_requests_and_waits_for_those_it_took():
     cls = RouterIngress.func_or_class  # the class Ray Serve deploys, its methods run without Ray
     ingress = SimpleNamespace(draining=False, in_flight=2, described=None)
 
-    async def scenario() -> tuple[int, float, RequestProblem]:
+    async def scenario() -> tuple[int, float, RequestError]:
         started = asyncio.get_running_loop().time()
         draining = asyncio.create_task(cls.drain(ingress, 5.0))
         await asyncio.sleep(0.2)
-        with pytest.raises(RequestProblem) as refused:
+        with pytest.raises(RequestError) as refused:
             await cls.ready(ingress)
         ingress.in_flight = 0  # the two requests taken are answered
         return await draining, asyncio.get_running_loop().time() - started, refused.value
 
     left, waited, refused = asyncio.run(scenario())
     assert left == 0 and 0.2 <= waited < 2.0
-    assert refused.status == 503 and "stopping" in refused.message
+    assert refused.status == 503 and "stopping" in str(refused)
     ingress.draining, ingress.in_flight = False, 1
     assert asyncio.run(cls.drain(ingress, 0.2)) == 1  # bounded: what is still in flight after the timeout
 

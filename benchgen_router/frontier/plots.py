@@ -1,9 +1,9 @@
-"""The frontier as pictures: reward against cost and against latency, written as PNG (matplotlib).
-PNGs are written atomically."""
+"""The frontier as pictures: reward against cost and against latency, one PNG per axis (matplotlib)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,79 +11,20 @@ from benchgen_router.files import atomic_output
 from benchgen_router.frontier.cv import CVPoint, FrontierResult
 
 
-def plot_policies(result: FrontierResult, cost_png: str | Path, latency_png: str | Path, title: str = "") -> None:
-    """Reward vs cost and reward vs latency of an evaluate_policies result. plot_frontier draws a CV
-    grid's trade-off lines with error bars over repeats; here each router is one fixed policy scored
-    once, so routers and fixed agents are labelled points, with uniform random, the cheapest-of-best
-    oracle and the non-dominated frontier. PNGs written atomically."""
-    import matplotlib
+@dataclass(frozen=True)
+class Axis:
+    """One x axis of the frontier: the CVPoint attribute it plots and the names that go with it."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for png, axis, flag, label in (
-        (cost_png, "cost_per_1k", "cost_frontier", "mean cost (USD per 1,000 queries)"),
-        (latency_png, "latency_s", "latency_frontier", "mean latency per query (s)"),
-    ):
-        fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
-        for kind, marker, color, legend in (
-            ("router", "o", "tab:blue", "router"),
-            ("fixed", "D", "black", "fixed agent"),
-        ):
-            for number, p in enumerate(result.of_kind(kind)):
-                x = getattr(p, axis)
-                ax.plot(x, p.reward, marker, color=color, ms=7, label=legend if number == 0 else None)
-                ax.annotate(
-                    p.name.removeprefix("always "),
-                    (x, p.reward),
-                    textcoords="offset points",
-                    xytext=(5, -10),
-                    fontsize=8,
-                    color=color,
-                )
-        for p in result.of_kind("random"):
-            ax.plot(getattr(p, axis), p.reward, "P", color="gray", ms=6, label=p.name)
-        for p in result.of_kind("oracle"):
-            if p.name == "oracle (cheapest best)":
-                ax.plot(getattr(p, axis), p.reward, "*", color="tab:green", ms=12, label="oracle, cheapest of best")
-        _draw_frontier(ax, result.points, axis, flag)
-        _save_plot(
-            fig,
-            ax,
-            png,
-            label,
-            "mean reward (in-sample, these rows)",
-            title or f"fixed routers in-sample on {result.rows} rows (no CV)",
-        )
+    attribute: str  # CVPoint field on the x axis
+    flag: str  # CVPoint field marking the non-dominated frontier on it
+    label: str
+    cap: str  # the target box's key for it
+    plane: str  # the `limits` key for it
 
 
-def _draw_frontier(ax: Any, points: Sequence[CVPoint], axis: str, flag: str) -> None:
-    """The non-dominated frontier (points with `flag` set) as a step line over `axis`."""
-    line = sorted((getattr(p, axis), p.reward) for p in points if getattr(p, flag))
-    ax.step(
-        [x for x, _ in line],
-        [y for _, y in line],
-        where="post",
-        color="tab:red",
-        lw=1.5,
-        alpha=0.5,
-        label="non-dominated frontier",
-    )
-
-
-def _save_plot(fig: Any, ax: Any, png: str | Path, xlabel: str, ylabel: str, title: str) -> None:
-    """Label, lay out and write one plot as PNG, atomically, and free it."""
-    import matplotlib.pyplot as plt
-
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    with atomic_output(png, "wb") as handle:
-        fig.savefig(handle, format="png")
-    plt.close(fig)
+COST = Axis("cost_per_1k", "cost_frontier", "mean cost (USD per 1,000 queries)", "cost_cap", "cost")
+LATENCY = Axis("latency_s", "latency_frontier", "mean latency per query (s)", "latency_cap", "latency")
+CHEAPEST_BEST = "oracle (cheapest best)"
 
 
 def plot_frontier(
@@ -96,110 +37,168 @@ def plot_frontier(
     target: dict[str, float] | None = None,
     limits: dict[str, tuple[float, float, float, float]] | None = None,
 ) -> None:
-    """Reward vs cost and reward vs latency: fixed agents as labelled points, the router's trade-off
-    lines (std over repeats as error bars, each point labelled with its weight), optionally one kNN
-    line and further router curves (`compare`: label and points, e.g. another search setting), the
-    in-sample oracle, the non-dominated frontier over FRONTIER_KINDS, and optionally a target box
-    (`target`: reward_floor, cost_cap, latency_cap) as dashed lines. `limits` zooms in: "cost" or
-    "latency" -> (x min, x max, reward min, reward max). PNGs written atomically."""
+    """A CV grid's trade-off lines against cost and against latency; `compare` adds router curves,
+    `target` a box (reward_floor, cost_cap, latency_cap), `limits` zooms ("cost"/"latency" -> x0, x1, y0, y1)."""
+    for png, axis in ((cost_png, COST), (latency_png, LATENCY)):
+        plot_frontier_axis(result, png, axis, knn_k, title, compare, target, limits)
+
+
+def plot_frontier_axis(
+    result: FrontierResult,
+    png: str | Path,
+    axis: Axis,
+    knn_k: int | None = None,
+    title: str = "",
+    compare: Sequence[tuple[str, Sequence[CVPoint]]] = (),
+    target: dict[str, float] | None = None,
+    limits: dict[str, tuple[float, float, float, float]] | None = None,
+) -> None:
+    fig, ax = _new_plot()
+    _draw_router_families(ax, result.of_kind("router"), axis.attribute)
+    _draw_compared(ax, compare, axis.attribute)
+    if knn_k is not None:
+        _draw_knn(ax, result, knn_k, axis.attribute)
+    _draw_labelled_points(ax, result.of_kind("fixed"), axis.attribute)
+    for kind, marker in (("best_fixed_train", "v"), ("random", "P")):
+        for p in result.of_kind(kind):
+            ax.plot(getattr(p, axis.attribute), p.reward, marker, color="gray", ms=6, label=p.name)
+    _draw_cheapest_best(ax, result, axis.attribute, "oracle, cheapest of best (in-sample)")
+    _draw_frontier(ax, result.points, axis.attribute, axis.flag)
+    if target:
+        ax.axhline(target["reward_floor"], color="tab:green", ls="--", lw=0.8, label="target")
+        ax.axvline(target[axis.cap], color="tab:green", ls="--", lw=0.8)
+    if limits and axis.plane in limits:
+        x_low, x_high, y_low, y_high = limits[axis.plane]
+        ax.set_xlim(x_low, x_high)
+        ax.set_ylim(y_low, y_high)
+    _save_plot(
+        fig,
+        ax,
+        png,
+        axis.label,
+        "mean reward (held-out, repeated CV)",
+        title or f"{result.repeats}x{result.folds}-fold CV, {result.rows} rows",
+    )
+
+
+def plot_policies(result: FrontierResult, cost_png: str | Path, latency_png: str | Path, title: str = "") -> None:
+    """An evaluate_policies result against cost and latency: each router is one policy scored once, so
+    it is a labelled point, not a line with error bars as in plot_frontier."""
+    for png, axis in ((cost_png, COST), (latency_png, LATENCY)):
+        plot_policies_axis(result, png, axis, title)
+
+
+def plot_policies_axis(result: FrontierResult, png: str | Path, axis: Axis, title: str = "") -> None:
+    fig, ax = _new_plot()
+    for kind, marker, color, legend in (("router", "o", "tab:blue", "router"), ("fixed", "D", "black", "fixed agent")):
+        points = result.of_kind(kind)
+        _draw_labelled_points(
+            ax, points, axis.attribute, marker=marker, color=color, size=7, legend=legend, colored_names=True
+        )
+    for p in result.of_kind("random"):
+        ax.plot(getattr(p, axis.attribute), p.reward, "P", color="gray", ms=6, label=p.name)
+    _draw_cheapest_best(ax, result, axis.attribute, "oracle, cheapest of best")
+    _draw_frontier(ax, result.points, axis.attribute, axis.flag)
+    _save_plot(
+        fig,
+        ax,
+        png,
+        axis.label,
+        "mean reward (in-sample, these rows)",
+        title or f"fixed routers in-sample on {result.rows} rows (no CV)",
+    )
+
+
+def _new_plot() -> tuple[Any, Any]:
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display: the plots are only written to files
     import matplotlib.pyplot as plt
 
-    for png, axis, flag, label, cap, plane in (
-        (cost_png, "cost_per_1k", "cost_frontier", "mean cost (USD per 1,000 queries)", "cost_cap", "cost"),
-        (latency_png, "latency_s", "latency_frontier", "mean latency per query (s)", "latency_cap", "latency"),
-    ):
-        fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
-        routers = result.of_kind("router")
-        families = [
-            ("router, cost weight", "o-", "tab:blue", [p for p in routers if not p.latency_weight]),
-            (
-                "router, latency weight",
-                "s--",
-                "tab:purple",
-                [p for p in routers if p.latency_weight and not p.cost_weight],
-            ),
-            ("router, both weights", "^:", "tab:cyan", [p for p in routers if p.latency_weight and p.cost_weight]),
-        ]
-        for family, style, color, members in families:
-            if not members:
-                continue
-            xs, ys = [getattr(p, axis) for p in members], [p.reward for p in members]
-            ax.errorbar(
-                xs,
-                ys,
-                yerr=[p.reward_std_repeats for p in members],
-                fmt=style,
-                color=color,
-                ms=4,
-                capsize=2,
-                lw=1,
-                label=family,
-            )
-            for p, x, y in zip(members, xs, ys, strict=True):
-                weight = p.latency_weight if p.latency_weight and not p.cost_weight else p.cost_weight
-                ax.annotate(f"{weight:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6, color=color)
-        for (name, members), color in zip(compare, ("tab:olive", "tab:brown", "tab:pink"), strict=False):
-            members = sorted(members, key=lambda p: (p.latency_weight or 0.0, p.cost_weight or 0.0))
-            ax.plot(
-                [getattr(p, axis) for p in members],
-                [p.reward for p in members],
-                "d-",
-                color=color,
-                ms=4,
-                lw=1,
-                alpha=0.8,
-                label=name,
-            )
-        if knn_k is not None:
-            knn = [p for p in result.of_kind("knn") if p.name.startswith(f"knn{knn_k} ") and not p.latency_weight]
-            if knn:
-                ax.plot(
-                    [getattr(p, axis) for p in knn],
-                    [p.reward for p in knn],
-                    "x-",
-                    color="tab:orange",
-                    ms=4,
-                    lw=1,
-                    label=f"kNN (k={knn_k}), cost weight",
-                )
-        for p in result.of_kind("fixed"):
-            ax.plot(getattr(p, axis), p.reward, "D", color="black", ms=6)
-            ax.annotate(
-                p.name.removeprefix("always "),
-                (getattr(p, axis), p.reward),
-                textcoords="offset points",
-                xytext=(5, -10),
-                fontsize=8,
-            )
-        for kind, marker in (("best_fixed_train", "v"), ("random", "P")):
-            for p in result.of_kind(kind):
-                ax.plot(getattr(p, axis), p.reward, marker, color="gray", ms=6, label=p.name)
-        for p in result.of_kind("oracle"):
-            if p.name == "oracle (cheapest best)":
-                ax.plot(
-                    getattr(p, axis),
-                    p.reward,
-                    "*",
-                    color="tab:green",
-                    ms=12,
-                    label="oracle, cheapest of best (in-sample)",
-                )
-        _draw_frontier(ax, result.points, axis, flag)
-        if target:
-            ax.axhline(target["reward_floor"], color="tab:green", ls="--", lw=0.8, label="target")
-            ax.axvline(target[cap], color="tab:green", ls="--", lw=0.8)
-        if limits and plane in limits:
-            x_low, x_high, y_low, y_high = limits[plane]
-            ax.set_xlim(x_low, x_high)
-            ax.set_ylim(y_low, y_high)
-        _save_plot(
-            fig,
-            ax,
-            png,
-            label,
-            "mean reward (held-out, repeated CV)",
-            title or f"{result.repeats}x{result.folds}-fold CV, {result.rows} rows",
+    return plt.subplots(figsize=(9, 6), dpi=120)
+
+
+def _draw_router_families(ax: Any, routers: Sequence[CVPoint], attribute: str) -> None:
+    """One line per kind of trade-off weight, error bars over repeats, each point labelled with its weight."""
+    families = [
+        ("router, cost weight", "o-", "tab:blue", [p for p in routers if not p.latency_weight]),
+        ("router, latency weight", "s--", "tab:purple", [p for p in routers if p.latency_weight and not p.cost_weight]),
+        ("router, both weights", "^:", "tab:cyan", [p for p in routers if p.latency_weight and p.cost_weight]),
+    ]
+    for family, style, color, members in families:
+        if not members:
+            continue
+        xs, ys = [getattr(p, attribute) for p in members], [p.reward for p in members]
+        errors = [p.reward_std_repeats for p in members]
+        ax.errorbar(xs, ys, yerr=errors, fmt=style, color=color, ms=4, capsize=2, lw=1, label=family)
+        for p, x, y in zip(members, xs, ys, strict=True):
+            weight = p.latency_weight if p.latency_weight and not p.cost_weight else p.cost_weight
+            ax.annotate(f"{weight:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6, color=color)
+
+
+def _draw_compared(ax: Any, compare: Sequence[tuple[str, Sequence[CVPoint]]], attribute: str) -> None:
+    for (name, members), color in zip(compare, ("tab:olive", "tab:brown", "tab:pink"), strict=False):
+        members = sorted(members, key=lambda p: (p.latency_weight or 0.0, p.cost_weight or 0.0))
+        xs, ys = [getattr(p, attribute) for p in members], [p.reward for p in members]
+        ax.plot(xs, ys, "d-", color=color, ms=4, lw=1, alpha=0.8, label=name)
+
+
+def _draw_knn(ax: Any, result: FrontierResult, knn_k: int, attribute: str) -> None:
+    knn = [p for p in result.of_kind("knn") if p.name.startswith(f"knn{knn_k} ") and not p.latency_weight]
+    if knn:
+        xs, ys = [getattr(p, attribute) for p in knn], [p.reward for p in knn]
+        ax.plot(xs, ys, "x-", color="tab:orange", ms=4, lw=1, label=f"kNN (k={knn_k}), cost weight")
+
+
+def _draw_labelled_points(
+    ax: Any,
+    points: Sequence[CVPoint],
+    attribute: str,
+    *,
+    marker: str = "D",
+    color: str = "black",
+    size: int = 6,
+    legend: str | None = None,
+    colored_names: bool = False,
+) -> None:
+    """Points named beside them ("always " dropped); `legend` names the first one in the legend."""
+    for number, p in enumerate(points):
+        x = getattr(p, attribute)
+        ax.plot(x, p.reward, marker, color=color, ms=size, label=legend if number == 0 else None)
+        name_color = {"color": color} if colored_names else {}
+        ax.annotate(
+            p.name.removeprefix("always "),
+            (x, p.reward),
+            textcoords="offset points",
+            xytext=(5, -10),
+            fontsize=8,
+            **name_color,
         )
+
+
+def _draw_cheapest_best(ax: Any, result: FrontierResult, attribute: str, label: str) -> None:
+    for p in result.of_kind("oracle"):
+        if p.name == CHEAPEST_BEST:
+            ax.plot(getattr(p, attribute), p.reward, "*", color="tab:green", ms=12, label=label)
+
+
+def _draw_frontier(ax: Any, points: Sequence[CVPoint], attribute: str, flag: str) -> None:
+    """The non-dominated frontier (points with `flag` set) as a step line."""
+    line = sorted((getattr(p, attribute), p.reward) for p in points if getattr(p, flag))
+    xs, ys = [x for x, _ in line], [y for _, y in line]
+    ax.step(xs, ys, where="post", color="tab:red", lw=1.5, alpha=0.5, label="non-dominated frontier")
+
+
+def _save_plot(fig: Any, ax: Any, png: str | Path, xlabel: str, ylabel: str, title: str) -> None:
+    """Label and lay out one plot, write it atomically (no half-written PNG), and free it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    with atomic_output(png, "wb") as handle:
+        fig.savefig(handle, format="png")
+    plt.close(fig)

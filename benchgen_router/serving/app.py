@@ -1,24 +1,8 @@
-"""The HTTP API: the ingress deployment, its schemas, request checks and errors as JSON.
+"""The HTTP API (routes and statuses in docs/service.md): the ingress deployment, its schemas, its
+request checks, and the one place where errors become JSON answers.
 
-    POST /v1/route  {"queries": ["...", ...]}  ->  {"results": [...], "router": {"name", "revision"}}
-    GET  /v1/pool                              ->  the agents in pool order (slug and prices with a pool file),
-                                                   and the router's operating points when it has several heads
-    GET  /healthz                              ->  200 once the router is loaded, a JSON 503 until then
-    GET  /openapi.json, /docs                  ->  the API's OpenAPI schema and its browsable form
-
-The ingress reads and checks each request, then hands its queries to the router replicas
-(serving.replica) in one call. It never loads the model and imports neither torch nor
-transformers, so it starts in a second and answers while the replicas load; and a client that
-stalls its upload holds one of its many cheap slots, never a replica's.
-
-Bad requests get a 4xx answer with one line, {"error": "..."}, and never fail other requests:
-400 for a body that is not a JSON object, 408 for a body that does not arrive within
-BODY_TIMEOUT_S, 413 for more than `max_queries` queries or `max_request_bytes` bytes per request
-(defaults 256 and 1 MiB; a chunked body is counted as it arrives), 422 for a missing or empty
-`queries` list, an item that is not text, a query the router cannot score (blank, or only
-characters its tokenizer drops such as U+200B or a byte-order mark), or an `operating_point` that
-is not one of the router's (or given to a router with one head). 503 while the router loads, or
-when a replica fails or the service stops while routing (retry).
+The ingress never loads the model (no torch, no transformers), so it answers while the replicas
+load, and a stalled upload holds one of its cheap slots, never a replica's.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) as types.
@@ -34,12 +18,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve as ray_serve
-from ray.exceptions import RayError
+from ray.exceptions import RayError, RayTaskError
 from ray.serve.exceptions import RayServeException
+from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from benchgen_router.errors import first_line
+from benchgen_router.errors import InputError, RouterError, first_line
 from benchgen_router.files import text_problem
 
 logger = logging.getLogger("benchgen_router.serving")
@@ -132,13 +117,33 @@ class ErrorResponse(BaseModel):
     error: str = Field(description="One line naming the problem and the fix.")
 
 
-class RequestProblem(Exception):
-    """A request the service refuses: answered with `status` and {"error": message}."""
+class RequestError(InputError):
+    """A request the ingress refuses, with the HTTP status it is answered with."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
+
+    def __reduce__(self) -> tuple[type, tuple[int, str]]:
+        return type(self), (self.status, str(self))
+
+
+# A refusal by the library (the router has no such operating point, a query it cannot score): the
+# body is JSON of the right shape, but its content cannot be routed.
+LIBRARY_REFUSAL_STATUS = 422
+
+
+def http_error(err: BaseException) -> tuple[int, str] | None:
+    """(status, one line) for a failure the service answers on purpose; None for a bug (a 500)."""
+    if isinstance(err, RayTaskError) and isinstance(err.cause, RouterError):
+        err = err.cause  # raised inside a replica: Ray wraps it, and the wrapper's text is a traceback
+    if isinstance(err, RequestError):
+        return err.status, str(err)
+    if isinstance(err, RouterError):
+        return LIBRARY_REFUSAL_STATUS, first_line(err)
+    if isinstance(err, REPLICA_FAILURES):
+        return 503, f"the router replica failed ({type(err).__name__}); retry."
+    return None
 
 
 api = FastAPI(
@@ -156,12 +161,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (503, "The router is loading, or the service is stopping: retry."),
     )
 }
-
-
-# Every failure becomes {"error": one line} here, and nowhere else.
-@api.exception_handler(RequestProblem)
-async def _request_problem(request: Request, problem: RequestProblem) -> JSONResponse:
-    return JSONResponse({"error": problem.message}, status_code=problem.status)
 
 
 @api.exception_handler(StarletteHTTPException)
@@ -184,13 +183,26 @@ async def _unexpected(request: Request, err: Exception) -> JSONResponse:
     return JSONResponse({"error": f"internal error ({type(err).__name__}: {first_line(err)})"}, status_code=500)
 
 
+# Every error of the package and every replica failure is answered here, through http_error. By
+# class, not under Exception: Starlette re-raises what its catch-all answers, and logs it as a crash.
+async def _router_error(request: Request, err: Exception) -> JSONResponse:
+    answer = http_error(err)
+    if answer is None:
+        return await _unexpected(request, err)
+    status, message = answer
+    return JSONResponse({"error": message}, status_code=status)
+
+
+for _family in (RouterError, *REPLICA_FAILURES):
+    api.add_exception_handler(_family, _router_error)
+
+
 async def read_body(request: Request, max_request_bytes: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
-    """The request body, counted as it arrives: a body over the limit is refused at the chunk that
-    crosses it (a chunked upload never sits in memory whole), and one that has not arrived within
-    `timeout_s` is a 408 (a stalled client releases its slot)."""
+    # Counted as it arrives, so a chunked upload never sits in memory whole; bounded in time, so a
+    # stalled client frees its slot.
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_request_bytes:
-        raise RequestProblem(
+        raise RequestError(
             413, f"request body is {declared} bytes, over this service's limit of {max_request_bytes}; split it."
         )
     chunks: list[bytes] = []
@@ -201,7 +213,7 @@ async def read_body(request: Request, max_request_bytes: int, timeout_s: float =
         async for chunk in request.stream():
             size += len(chunk)
             if size > max_request_bytes:
-                raise RequestProblem(
+                raise RequestError(
                     413, f"request body is over this service's limit of {max_request_bytes} bytes; split it."
                 )
             chunks.append(chunk)
@@ -209,53 +221,52 @@ async def read_body(request: Request, max_request_bytes: int, timeout_s: float =
     try:
         await asyncio.wait_for(collect(), timeout_s)
     except TimeoutError:
-        raise RequestProblem(408, f"request body not received within {timeout_s:g} s; send it whole.") from None
+        raise RequestError(408, f"request body not received within {timeout_s:g} s; send it whole.") from None
     except (ClientDisconnect, asyncio.CancelledError) as gone:
         # The client went away (Ray Serve's proxy then cancels its request): one line, not a traceback.
         logger.warning("a client disconnected after %d bytes of its request body", size)
         if isinstance(gone, asyncio.CancelledError):
             raise
-        raise RequestProblem(400, "the client disconnected before sending the whole body.") from None
+        raise RequestError(400, "the client disconnected before sending the whole body.") from None
     return b"".join(chunks)
 
 
 def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any]:
-    """(the queries of a /v1/route body, its "operating_point" as sent or None: the replicas check
-    it against the router), or RequestProblem naming what is wrong with the body."""
+    # The body's shape only: its "operating_point" is returned as sent, for the replicas, which know
+    # the router's points, to check.
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, absurd nesting
         reason = "nested too deeply" if isinstance(err, RecursionError) else first_line(err)
-        raise RequestProblem(400, f'body is not valid JSON ({reason}); send {{"queries": ["..."]}}.') from None
+        raise RequestError(400, f'body is not valid JSON ({reason}); send {{"queries": ["..."]}}.') from None
     if not isinstance(payload, dict):
-        raise RequestProblem(400, f'body is a JSON {type(payload).__name__}, not an object; send {{"queries": [...]}}.')
+        raise RequestError(400, f'body is a JSON {type(payload).__name__}, not an object; send {{"queries": [...]}}.')
     if "queries" not in payload:
-        raise RequestProblem(422, 'body has no "queries" field; send {"queries": ["..."]}.')
+        raise RequestError(422, 'body has no "queries" field; send {"queries": ["..."]}.')
     queries = payload["queries"]
     if isinstance(queries, str):
-        raise RequestProblem(422, '"queries" is a string, not a list; send {"queries": ["..."]}.')
+        raise RequestError(422, '"queries" is a string, not a list; send {"queries": ["..."]}.')
     if not isinstance(queries, list):
-        raise RequestProblem(422, f'"queries" is {type(queries).__name__}, not a list of strings.')
+        raise RequestError(422, f'"queries" is {type(queries).__name__}, not a list of strings.')
     if not queries:
-        raise RequestProblem(422, '"queries" is empty; send at least one query.')
+        raise RequestError(422, '"queries" is empty; send at least one query.')
     if len(queries) > max_queries:
-        raise RequestProblem(
+        raise RequestError(
             413, f"{len(queries)} queries in one request, over this service's limit of {max_queries}; split it."
         )
     for position, query in enumerate(queries):
         problem = text_problem(query, f"query {position}")
         if problem:
-            raise RequestProblem(422, f"{problem}; a router cannot score it.")
+            raise RequestError(422, f"{problem}; a router cannot score it.")
     return queries, payload.get("operating_point")
 
 
 @ray_serve.deployment(name=INGRESS_NAME)
 @ray_serve.ingress(api)
 class RouterIngress:
-    """The HTTP front: checks requests, then asks the router replicas (`router`, a handle to
-    serving.replica.RouterReplica) to route them, one call per request."""
+    """The HTTP front: checks each request, then hands its queries to the router replicas in one call."""
 
-    def __init__(self, router: Any, max_queries: int, max_request_bytes: int) -> None:
+    def __init__(self, router: DeploymentHandle, max_queries: int, max_request_bytes: int) -> None:
         from ray.serve.metrics import Counter as ServeCounter
 
         self.router = router
@@ -268,8 +279,7 @@ class RouterIngress:
         self.rejected = ServeCounter(REJECTED_COUNTER, description="Requests refused, by status.", tag_keys=("status",))
 
     async def description(self, wait_s: float | None) -> dict[str, Any]:
-        """What the replicas say of the router (serving.replica.RouterReplica.describe), once one has
-        loaded it; RequestProblem 503 if none has within `wait_s` (None: wait)."""
+        # Asked once and shared; a 503 for as long as no replica has loaded the router (wait_s None: wait).
         if self.described is None or (self.described.done() and self.described.exception() is not None):
             # In a context of its own: created inside a request's, the call would carry that request's
             # id, and be cancelled with it when that client goes away, for every caller sharing it.
@@ -279,22 +289,20 @@ class RouterIngress:
         try:
             return await asyncio.wait_for(asyncio.shield(self.described), wait_s)
         except TimeoutError:
-            raise RequestProblem(503, "the router is still loading; retry in a few seconds.") from None
+            raise RequestError(503, "the router is still loading; retry in a few seconds.") from None
         except REPLICA_FAILURES as err:
-            raise RequestProblem(503, f"no router replica answers ({type(err).__name__}); retry.") from None
+            raise RequestError(503, f"no router replica answers ({type(err).__name__}); retry.") from None
 
     async def ask_description(self) -> dict[str, Any]:
         return await self.router.describe.remote()
 
     async def get_startup_problem(self) -> str | None:
-        """Why the service cannot serve (the router did not load, it has no such operating point,
-        or the pool file does not fit), or None; waits for the replicas to load."""
+        # For the driver, which stops the service with this line rather than serve 503s forever.
         return (await self.description(None))["problem"]
 
     async def drain(self, timeout_s: float) -> int:
-        """Stop taking requests (a 503 for new ones, /healthz included) and wait, up to `timeout_s`,
-        until those taken are answered; the number still in flight then. Called before the
-        replicas are stopped, so that no request taken is left without them."""
+        # Called before the replicas stop, so that no request taken is left without them; returns how
+        # many are still unanswered after timeout_s.
         self.draining = True
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self.in_flight and asyncio.get_running_loop().time() < deadline:
@@ -303,15 +311,11 @@ class RouterIngress:
 
     async def ready(self) -> dict[str, Any]:
         if self.draining:
-            raise RequestProblem(503, "the service is stopping; retry shortly or on another instance.")
+            raise RequestError(503, "the service is stopping; retry shortly or on another instance.")
         described = await self.description(READY_WAIT_S)
         if described["problem"]:
-            raise RequestProblem(503, described["problem"])
+            raise RequestError(503, described["problem"])
         return described
-
-    def refuse(self, problem: RequestProblem) -> RequestProblem:
-        self.rejected.inc(1, tags={"status": str(problem.status)})
-        return problem
 
     @api.post(
         "/v1/route",
@@ -329,22 +333,21 @@ class RouterIngress:
         self.in_flight += 1
         try:
             return await self.route_counted(request)
+        except Exception as err:  # counted here, answered by the error handler
+            refused = http_error(err)
+            if refused is not None:
+                self.rejected.inc(1, tags={"status": str(refused[0])})
+            raise
         finally:
             self.in_flight -= 1
 
     async def route_counted(self, request: Request) -> JSONResponse:
-        try:
-            described = await self.ready()
-            body = await read_body(request, self.max_request_bytes)
-            queries, asked = parse_route_body(body, self.max_queries)
-            try:
-                answer = await self.router.route.remote(queries, asked)
-            except REPLICA_FAILURES as err:  # the replica died, or the service is stopping
-                raise RequestProblem(503, f"the router replica failed ({type(err).__name__}); retry.") from None
-            if "error" in answer:
-                raise RequestProblem(answer["status"], answer["error"])
-        except RequestProblem as problem:
-            raise self.refuse(problem) from None
+        described = await self.ready()
+        body = await read_body(request, self.max_request_bytes)
+        queries, asked = parse_route_body(body, self.max_queries)
+        answer = await self.router.route.remote(queries, asked)
+        if "refused" in answer:
+            raise answer["refused"]  # the library's own error, returned by the replica (RouterReplica.route)
         for agent, count in Counter(result["picked_agent"] for result in answer["results"]).items():
             self.routed.inc(count, tags={"agent": agent})
         return JSONResponse({"results": answer["results"], "router": described["identity"]})

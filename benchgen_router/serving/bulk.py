@@ -151,21 +151,8 @@ def route_file_with_ray(
     progress: bool = False,
     operating_point: str | None = None,
 ) -> BulkResult:
-    """Route every query of a file with Ray Data; write what `benchgen-router route --input FILE --output OUT`
-    writes: one JSON line per routed query, {"line": n, "id": ... (when the input has one),
-    **pick_agent's result}, in input order (Ray Data's preserve_order), each carrying its line.
-
-    Input: JSON lines, CSV/TSV and plain text are read as the local engine reads them (the same
-    line numbers, text field / id choice and bad-line reasons: its reader runs here, on the
-    driver); Parquet (`.parquet`, a folder of them, or fmt="parquet") is read by
-    ray.data.read_parquet, "line" being the row's number (1-based, in file order). The router runs
-    in `actors` Ray actors of `threads` CPUs each, `batch_size` rows per call, each actor loading
-    it once. Bad lines are logged ("FILE line N: reason; skipped") and skipped, and so are queries
-    the router cannot read (only invisible characters). The output is written to a temporary
-    file and renamed at the end. Joins `address` or this process's Ray, else starts a local one
-    and stops it afterwards; `progress` shows Ray Data's progress. `operating_point`: for a router
-    with several heads, the one that routes (default: the router's own), checked before Ray starts.
-    """
+    """Write what `benchgen-router route --input FILE --output OUT` writes, the router run by Ray actors
+    that each load it once (inputs, order and skipped lines: docs/service.md)."""
     for name, value in (("actors", actors), ("threads", threads), ("batch_size", batch_size)):
         check_positive(name, value)
     if not address and not ray.is_initialized():
@@ -173,79 +160,113 @@ def route_file_with_ray(
     check_router_point(model, revision, operating_point)
     source = str(input)
     started = time.perf_counter()
-    picks: Counter = Counter()
-    skipped: list[tuple[int, str]] = []
     parquet = bulk_format(source, fmt) == "parquet"
+    router = {"model": model, "revision": revision, "backbone": backbone, "operating_point": operating_point}
+    settings = ActorSettings(actors, threads, batch_size)
+    picks: Counter = Counter()
     with atomic_output(output, inputs=[input]) as handle:  # refuses a bad output path before any work
-        rows: list[dict[str, Any]] = []
-        ids: dict[int, Any] = {}  # kept here: ids of mixed types do not fit one Arrow column
-        if parquet:
-            if not Path(source).exists():
-                raise InputError(f"input file not found: {source}")
-        else:
-            with open_input(source) as stream:
-                lines = list(read_queries(stream, input_format(source, fmt), text_field, id_field, source))
-            if not lines:
-                raise InputError(f"{source} holds no lines; nothing to route.")
-            for item in lines:
-                if isinstance(item, Query):
-                    rows.append({"line": item.line, "text": item.text})
-                    if item.id is not None:
-                        ids[item.line] = item.id
-                else:
-                    skipped.append((item.line, item.reason))
-        if parquet or rows:
+        if parquet and not Path(source).exists():
+            raise InputError(f"input file not found: {source}")
+        lines = ReadLines([], {}, []) if parquet else read_lines(source, fmt, text_field, id_field)
+        if parquet or lines.rows:
             with ray_for_bulk(address, max(os.cpu_count() or 1, actors * threads), progress) as data:
-                available = ray.cluster_resources().get("CPU", 0)
-                if available < threads:
-                    raise InputError(
-                        f"this Ray has {available:g} CPUs and each actor asks for {threads}; lower threads."
-                    )
+                check_ray_cpus(threads)
                 if parquet:
                     dataset, text_name, id_name = parquet_dataset(data, source, text_field, id_field)
                 else:
-                    # A few blocks per actor, so that every actor has work and results stream back.
-                    blocks = max(1, min(math.ceil(len(rows) / batch_size), 4 * actors))
-                    dataset, text_name, id_name = data.from_items(rows, override_num_blocks=blocks), "the query", None
-                with warnings.catch_warnings():
-                    # max_restarts=0 is how Ray Data's own code says to turn restarts off, though
-                    # its extra-arguments path warns of deprecation: no named parameter exists yet.
-                    warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-                    routed = dataset.map_batches(
-                        BulkRouter,
-                        batch_size=batch_size,
-                        batch_format="numpy",
-                        # Parquet is read by Ray tasks that need CPUs too: a pool that starts with
-                        # one actor and grows leaves them room (a fixed pool holding every CPU
-                        # would wait forever for rows the reads cannot produce).
-                        compute=data.ActorPoolStrategy(min_size=1 if parquet else actors, max_size=actors),
-                        num_cpus=threads,
-                        fn_constructor_kwargs={
-                            "model": model,
-                            "revision": revision,
-                            "backbone": backbone,
-                            "threads": threads,
-                            "text_name": text_name,
-                            "operating_point": operating_point,
-                        },
-                        # Ray Data keeps an actor's constructor in its object store, where a restart
-                        # could not find it once freed (Ray logs an error line at start for each
-                        # pool that allows restarts): a dead actor fails the run instead, which
-                        # writes nothing and can be rerun.
-                        max_restarts=0,
-                    )
-                for line, row_id, result, problem in routed_rows(routed, id_name):
-                    if problem:
-                        skipped.append((line, problem))
-                        continue
-                    identifier = json_value(row_id) if parquet else ids.get(line)
-                    record = query_record(line, identifier, json.loads(result))
-                    picks[record["picked_agent"]] += 1
-                    handle.write(json.dumps(record, default=str) + "\n")
-    skipped.sort()
+                    dataset, text_name, id_name = rows_dataset(data, lines.rows, settings), "the query", None
+                routed = routed_rows(route_dataset(data, dataset, router, text_name, settings, grows=parquet), id_name)
+                picks = write_records(handle, routed, None if parquet else lines.ids, lines.skipped)
+    skipped = sorted(lines.skipped)
     for line, reason in skipped:
         logger.warning("%s line %d: %s; skipped", source, line, reason)
     return BulkResult(routed=sum(picks.values()), skipped=skipped, picks=picks, seconds=time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    count: int
+    threads: int  # CPUs, and torch threads, per actor
+    batch_size: int  # rows per call
+
+
+@dataclass
+class ReadLines:
+    """A text input read on the driver, as the local engine reads it."""
+
+    rows: list[dict[str, Any]]  # {"line", "text"} per query
+    ids: dict[int, Any]  # by line; kept here: ids of mixed types do not fit one Arrow column
+    skipped: list[tuple[int, str]]  # (line, reason)
+
+
+def read_lines(source: str, fmt: str | None, text_field: str | None, id_field: str | None) -> ReadLines:
+    with open_input(source) as stream:
+        items = list(read_queries(stream, input_format(source, fmt), text_field, id_field, source))
+    if not items:
+        raise InputError(f"{source} holds no lines; nothing to route.")
+    read = ReadLines([], {}, [])
+    for item in items:
+        if isinstance(item, Query):
+            read.rows.append({"line": item.line, "text": item.text})
+            if item.id is not None:
+                read.ids[item.line] = item.id
+        else:
+            read.skipped.append((item.line, item.reason))
+    return read
+
+
+def check_ray_cpus(threads: int) -> None:
+    available = ray.cluster_resources().get("CPU", 0)
+    if available < threads:
+        raise InputError(f"this Ray has {available:g} CPUs and each actor asks for {threads}; lower threads.")
+
+
+def rows_dataset(data: Any, rows: list[dict[str, Any]], actors: ActorSettings) -> Any:
+    # A few blocks per actor, so that every actor has work and results stream back.
+    blocks = max(1, min(math.ceil(len(rows) / actors.batch_size), 4 * actors.count))
+    return data.from_items(rows, override_num_blocks=blocks)
+
+
+def route_dataset(
+    data: Any, dataset: Any, router: dict[str, Any], text_name: str, actors: ActorSettings, grows: bool
+) -> Any:
+    """The dataset mapped through BulkRouter actors (lazily: rows are routed as they are read back)."""
+    with warnings.catch_warnings():
+        # max_restarts=0 is how Ray Data's own code says to turn restarts off, though its
+        # extra-arguments path warns of deprecation: no named parameter exists yet.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        return dataset.map_batches(
+            BulkRouter,
+            batch_size=actors.batch_size,
+            batch_format="numpy",
+            # Parquet is read by Ray tasks that need CPUs too: a pool that starts with one actor
+            # and grows leaves them room (a fixed pool holding every CPU would wait forever for
+            # rows the reads cannot produce).
+            compute=data.ActorPoolStrategy(min_size=1 if grows else actors.count, max_size=actors.count),
+            num_cpus=actors.threads,
+            fn_constructor_kwargs={**router, "threads": actors.threads, "text_name": text_name},
+            # Ray Data keeps an actor's constructor in its object store, where a restart could not
+            # find it once freed (Ray logs an error line at start for each pool that allows
+            # restarts): a dead actor fails the run instead, which writes nothing and can be rerun.
+            max_restarts=0,
+        )
+
+
+def write_records(
+    handle: Any, rows: Iterator[tuple[int, Any, str, str]], ids: dict[int, Any] | None, skipped: list[tuple[int, str]]
+) -> Counter:
+    """Write a record per routed row, in order, and add the rows the actors skipped to `skipped`; the picks.
+    `ids`: by line, for a text input (None: each row carries its id)."""
+    picks: Counter = Counter()
+    for line, row_id, result, problem in rows:
+        if problem:
+            skipped.append((line, problem))
+            continue
+        identifier = json_value(row_id) if ids is None else ids.get(line)
+        record = query_record(line, identifier, json.loads(result))
+        picks[record["picked_agent"]] += 1
+        handle.write(json.dumps(record, default=str) + "\n")
+    return picks
 
 
 def routed_rows(routed: Any, id_name: str | None) -> Iterator[tuple[int, Any, str, str]]:

@@ -1,11 +1,5 @@
-"""The replicas that hold the router: each loads it once and scores the queries of every request
-the ingress hands over, merged into as few model runs as possible.
-
-Each result is exactly what `pick_agent` returns for the query. Picks never depend on batching;
-the scores agree to float32 rounding (about 1e-5: a query's sums are accumulated in an order that
-depends on its batch). A request at an operating point gets that point's head; requests at
-different points share a batch, and so one run of the backbone (routing.results_for applies only
-the small heads per point).
+"""The replicas that hold the router: each loads it once and merges the queries of every request
+waiting into as few model runs as possible (results as pick_agent's: docs/service.md).
 """
 
 from __future__ import annotations
@@ -22,27 +16,25 @@ from typing import Any
 
 from ray import serve as ray_serve
 
-from benchgen_router.errors import InputError, first_line
+from benchgen_router.errors import InputError, RouterError, RouterTypeError
 from benchgen_router.loading import load_router
-from benchgen_router.routing import EMPTY_QUERY, route_results
+from benchgen_router.routing import EMPTY_QUERY, operating_point_of, route_results
 
 REPLICA_NAME = "Router"
-# One torch thread per CPU a replica is given. More threads than free cores is much slower: on a
-# busy 2-core machine one query took 992 ms in-process with torch's default of 2 threads against
-# 27 ms with 1 (bench/service.py; the threads spin waiting for cores other processes hold).
+# One torch thread per CPU a replica is given: threads beyond the free cores spin waiting for cores
+# other processes hold (docs/service.md has the measurement).
 DEFAULT_REPLICA_CPUS = 1
 
 
 def route_items(router: Any, tokenizer: Any, items: Sequence[tuple[str, str | None]]) -> list[dict[str, Any] | None]:
-    """route_results() of (text, operating point) pairs: the replicas' merged batches, whose requests
-    may each ask for a different point (checked beforehand). None: the text tokenizes to nothing."""
+    """route_results() of (text, operating point) pairs, the points checked beforehand; None: the text
+    tokenizes to nothing. A merged batch mixes requests at different points: one backbone run."""
     return route_results(router, tokenizer, [text for text, _ in items], operating_points=[point for _, point in items])
 
 
 def router_identity(router: Any, model: str | None, revision: str | None) -> dict[str, str | None]:
-    """{"name", "revision"} of a loaded router: the name it was asked for ("default" for the
-    bundled one); the revision asked for, else the Hub commit it was loaded at, else a digest of
-    its head and pool ("sha256:..."), so clients can tell which router answered them."""
+    """{"name", "revision"}, so that clients can tell which router answered: the revision asked for,
+    else the Hub commit, else a digest of the head and pool ("sha256:...")."""
     resolved = revision or getattr(router.config, "_commit_hash", None)
     if resolved is None:
         digest = hashlib.sha256(json.dumps(list(router.config.agent_order)).encode())
@@ -62,14 +54,8 @@ def set_torch_threads(threads: int) -> None:
 
 
 class BatchMerger:
-    """Runs the model on the queries of every request waiting, merged into runs of at most
-    `max_queries` queries, one run at a time in `executor`.
-
-    On a CPU one run takes tens to hundreds of milliseconds, and requests arrive one by one while
-    it runs. Taking everything that queued meanwhile gives each run as many queries as have
-    arrived, at no cost in latency when the service is idle (measured on 2 cores, one replica,
-    32 clients: runs of 1 query and 37 q/s when each request ran alone; merged, runs of 10 to 29
-    and 47 q/s). `wait_s`: how long an idle merger waits for more before its first run."""
+    """Runs the model, one run at a time in `executor`, on everything that queued while the last run
+    took (up to `max_queries` queries): bigger runs at no cost in latency to an idle service."""
 
     def __init__(self, run: Any, executor: ThreadPoolExecutor, max_queries: int, wait_s: float = 0.0) -> None:
         self.run = run
@@ -80,7 +66,7 @@ class BatchMerger:
         self.drainer: asyncio.Task | None = None  # referenced: the event loop keeps tasks weakly
 
     async def submit(self, items: list[Any]) -> list[Any]:
-        """The run's outcome for each item, in order. A request larger than a run is split."""
+        # A request larger than a run is split; the outcomes come back in order.
         loop = asyncio.get_running_loop()
         parts = []
         for start in range(0, len(items), self.max_queries):
@@ -117,8 +103,7 @@ class BatchMerger:
 
 
 def pool_for_router(agent_order: Sequence[str], pool: list[dict[str, Any]] | None) -> tuple[list[dict], str | None]:
-    """(the agents in the router's pool order, with the pool file's details when given; the
-    reason the pool file does not fit this router, or None)."""
+    """(the agents in pool order, with the pool file's details; why the pool file does not fit, or None)."""
     if pool is None:
         return [{"id": agent} for agent in agent_order], None
     by_id = {agent["id"]: agent for agent in pool}
@@ -131,9 +116,7 @@ def pool_for_router(agent_order: Sequence[str], pool: list[dict[str, Any]] | Non
 
 
 def operating_points_of(config: Any, default: str | None) -> list[dict[str, Any]] | None:
-    """The router's operating points in name order, as /v1/pool lists them ({"name", "cost_weight",
-    "latency_weight", "default"}: `default` marks the one requests without a point get); None for a
-    router with one head."""
+    """The operating points as /v1/pool lists them, in name order; None for a router with one head."""
     points = getattr(config, "operating_points", None) or {}
     if not points:
         return None
@@ -148,22 +131,25 @@ def operating_points_of(config: Any, default: str | None) -> list[dict[str, Any]
     ]
 
 
-def point_problem(config: Any, value: Any) -> str | None:
-    """Why a request's "operating_point" (not None) is not one of the router's, in one line."""
-    points = getattr(config, "operating_points", None) or {}
+def request_point(router: Any, value: Any) -> str | None:
+    """The operating point a request names (not None), or the error naming the router's points."""
+    points = getattr(router.config, "operating_points", None) or {}
     if points and not isinstance(value, str):
-        return f'"operating_point" is {type(value).__name__}, not a name; send one of {", ".join(sorted(points))}.'
-    try:
-        config.check_operating_point(value)
-    except ValueError as err:
-        return first_line(err)
-    return None
+        raise RouterTypeError(
+            f'"operating_point" is {type(value).__name__}, not a name; send one of {", ".join(sorted(points))}.'
+        )
+    return operating_point_of(router, value)
+
+
+def check_scorable(outcomes: Sequence[dict[str, Any] | None]) -> None:
+    empty = [str(position) for position, outcome in enumerate(outcomes) if outcome is None]
+    if empty:
+        raise InputError(f"query {', '.join(empty)} {EMPTY_QUERY}; a router cannot score it.")
 
 
 @ray_serve.deployment(name=REPLICA_NAME)
 class RouterReplica:
-    """One replica: loads the router once; each `route` call (one request's queries) is merged
-    with the others waiting into one model run."""
+    """One replica: loads the router once, and merges each request's queries with the others waiting."""
 
     def __init__(
         self,
@@ -190,16 +176,12 @@ class RouterReplica:
         self.identity: dict[str, str | None] = {"name": "default" if model is None else str(model), "revision": None}
         try:
             self.router, self.tokenizer = load_router(model, revision=revision, backbone=backbone)
+            self.identity = router_identity(self.router, model, revision)
+            # Resolved once: requests without a point get this one (None for a router with one head).
+            self.default_point = operating_point_of(self.router, operating_point)
         except InputError as err:
             # Reported to the driver (describe()), which stops the service with this line.
             self.problem = str(err)
-            return
-        self.identity = router_identity(self.router, model, revision)
-        try:
-            # Resolved once: requests without a point get this one (None for a router with one head).
-            self.default_point = self.router.config.check_operating_point(operating_point)
-        except ValueError as err:
-            self.problem = first_line(err)
             return
         self.points = operating_points_of(self.router.config, self.default_point)
         self.pool, self.problem = pool_for_router(self.router.config.agent_order, pool)
@@ -208,21 +190,19 @@ class RouterReplica:
         )
 
     async def describe(self) -> dict[str, Any]:
-        """What the ingress needs to answer without asking again: why this replica cannot serve
-        (or None), the router's identity, its pool and operating points."""
+        # All the ingress needs to answer /healthz and /v1/pool without asking again.
         return {"problem": self.problem, "identity": self.identity, "pool": self.pool, "points": self.points}
 
     async def route(self, queries: list[str], asked_point: Any) -> dict[str, Any]:
-        """{"results": pick_agent's result per query}, or {"status", "error"} for a request the
-        router cannot route (plain data: it crosses processes)."""
-        point = self.default_point
-        if asked_point is not None:
-            problem = point_problem(self.router.config, asked_point)
-            if problem:
-                return {"status": 422, "error": problem}
-            point = asked_point
+        # A refusal is returned, not raised: raised, Ray Serve would log a traceback and count a failed
+        # request for each bad request. The ingress raises it again, for its error handler.
+        try:
+            return {"results": await self.scored(queries, asked_point)}
+        except RouterError as refusal:
+            return {"refused": refusal}
+
+    async def scored(self, queries: list[str], asked_point: Any) -> list[dict[str, Any]]:
+        point = self.default_point if asked_point is None else request_point(self.router, asked_point)
         outcomes = await self.merger.submit([(query, point) for query in queries])
-        empty = [str(position) for position, outcome in enumerate(outcomes) if outcome is None]
-        if empty:
-            return {"status": 422, "error": f"query {', '.join(empty)} {EMPTY_QUERY}; a router cannot score it."}
-        return {"results": outcomes}
+        check_scorable(outcomes)
+        return outcomes

@@ -1,14 +1,6 @@
 """Starting and stopping the service: serve() deploys the ingress (serving.app) in front of the
-router replicas (serving.replica) on Ray Serve, on a private local Ray or a cluster's.
-
-Metrics (Prometheus text at the Ray node's metrics port, `http://127.0.0.1:PORT/metrics`): Ray
-Serve's own (requests, latencies, replica health) plus `ray_benchgen_router_routed_queries_total`
-(tag `agent`: queries routed to each agent) and `ray_benchgen_router_rejected_requests_total`
-(tag `status`).
-
-On a Ray cluster (`address=`) the replicas import this package, so it must be installed on every
-node; the router is loaded on each replica from `model` (a Hub id, or a folder every node can
-read). A pool file is read here, on the driver, and sent to the replicas.
+router replicas (serving.replica) on Ray Serve, on a private local Ray or a cluster's
+(docs/service.md: lifecycle, metrics, clusters).
 """
 
 from __future__ import annotations
@@ -48,7 +40,7 @@ RAY_CONNECT_TIMEOUT_S = 10.0
 
 @dataclass
 class RunningService:
-    """A started service (serve(..., blocking=False)); close() stops it, and the Ray it started."""
+    """A service serve(..., blocking=False) started; close() stops it, and the Ray it started."""
 
     url: str
     metrics_url: str | None
@@ -69,12 +61,8 @@ class RunningService:
 
 
 def shutdown_service(owns_ray: bool, connected: bool) -> None:
-    """Stop the service. First the ingress stops taking requests and answers those it took (up to
-    DRAIN_TIMEOUT_S); then the application is deleted while Ray Serve's HTTP proxy still runs. Then, on
-    the local Ray started for it, Ray itself (raylet, GCS, Serve's controller and proxy, workers:
-    stopping Serve on its own first only adds retry warnings from its dying controller). On a Ray
-    someone else runs (a cluster, or this process's own), nothing more, leaving other Serve
-    applications alone; then disconnect if we connected."""
+    """Drain the ingress, delete the application while Serve's proxy still runs, then disconnect (which
+    stops a local Ray started for the service); other applications on a shared Ray are left alone."""
     if not ray.is_initialized():
         return
     try:
@@ -90,8 +78,7 @@ def shutdown_service(owns_ray: bool, connected: bool) -> None:
 
 
 def drain_ingress() -> None:
-    """The ingress of a running service stops taking requests and answers those it took, while the
-    replicas they wait on still run (up to DRAIN_TIMEOUT_S)."""
+    """The ingress answers the requests it took while the replicas they wait on still run."""
     application = ray_serve.status().applications.get(APP_NAME)
     if application is None or application.status != "RUNNING":
         return
@@ -117,8 +104,7 @@ def check_port_free(host: str, port: int, what: str) -> None:
 
 
 def check_cpus(what: str, wanted: int, declared: int | None = None) -> None:
-    """Refuse, in one line, to start a local Ray for more CPUs than this machine has: each replica or
-    actor loads its own router, so oversubscribing only multiplies the memory for no throughput."""
+    """Each replica or actor loads its own router: more of them than CPUs multiplies memory, not throughput."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     available = declared or cores
     if wanted > available:
@@ -129,8 +115,8 @@ def check_cpus(what: str, wanted: int, declared: int | None = None) -> None:
 
 
 def check_reachable(address: str) -> None:
-    """One line, in bounded time, for a HOST:PORT (or ray://HOST:PORT) nothing listens on: ray.init
-    itself retries such an address for minutes. Other forms ("auto") are left to Ray."""
+    """ray.init retries a HOST:PORT nothing listens on for minutes: one line in bounded time instead.
+    Other forms ("auto") are left to Ray."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return
@@ -144,9 +130,8 @@ def check_reachable(address: str) -> None:
 
 
 def start_ray(address: str | None, num_cpus: int, metrics_port: int | None = None) -> tuple[bool, bool]:
-    """Join `address`, or start a private local Ray (address "local": never someone else's) with
-    `num_cpus` CPUs and no dashboard; nothing when this process is already connected.
-    Returns (owns the Ray: started it here, connected here)."""
+    """(owns the Ray, connected here): join `address`, else this process's Ray, else start a private
+    one (address "local": never someone else's) with no dashboard."""
     if ray.is_initialized():
         return False, False
     if address:
@@ -160,11 +145,8 @@ def start_ray(address: str | None, num_cpus: int, metrics_port: int | None = Non
 
 @contextlib.contextmanager
 def single_machine_ray() -> Iterator[None]:
-    """Ray's single-machine mode (its default on macOS and Windows) while a private local Ray starts:
-    its node address is then 127.0.0.1, so the metrics endpoint and Ray's own ports listen on
-    loopback only, not on every interface. `ray.init(_node_ip_address="127.0.0.1")` does not do
-    this: Ray replaces a loopback address with the machine's routable one. A Ray without the
-    switch starts as before."""
+    """Ray's single-machine mode while a private Ray starts, so that its ports listen on loopback only
+    (`_node_ip_address="127.0.0.1"` does not: Ray swaps a loopback address for a routable one)."""
     constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
     if constants is None or not hasattr(constants, "ENABLE_RAY_CLUSTER"):
         yield
@@ -178,10 +160,8 @@ def single_machine_ray() -> Iterator[None]:
 
 
 def check_router_point(model: str | None, revision: str | None, operating_point: str | None) -> None:
-    """InputError naming the router's operating points when it lacks `operating_point`, from its
-    config.json alone: checked here, before Ray starts, since every replica or actor would only
-    find out after loading the whole router. A config.json this machine cannot read (a folder only
-    the cluster's nodes have) is left to the replicas and actors, which check the name again."""
+    """From config.json alone, before Ray starts: each replica or actor would find out only after loading
+    the router. A config.json only the cluster's nodes can read is left to them; they check again."""
     if operating_point is None:
         return
     if not isinstance(operating_point, str):
@@ -217,9 +197,7 @@ def build_application(
     operating_point: str | None = None,
     access_log: bool = False,
 ) -> Any:
-    """The service as a Ray Serve application: the ingress bound to `replicas` router replicas of
-    `cpus` CPUs each. serve() runs it; `serve run benchgen_router.serving.service:app_builder
-    model=./router` runs it with Ray Serve's own command (arguments as serve()'s, as text)."""
+    """The ingress bound to the router replicas: what serve() runs, and `serve run ...:app_builder` too."""
     routers = RouterReplica.options(
         num_replicas=replicas,
         ray_actor_options={"num_cpus": cpus},
@@ -244,9 +222,7 @@ def build_application(
 
 
 def app_builder(args: dict[str, str]) -> Any:
-    """For `serve run benchgen_router.serving.service:app_builder key=value ...`: model, revision,
-    backbone, pool (a pool file), replicas, cpus, max_batch_size, max_queries, max_request_bytes,
-    operating_point."""
+    """For `serve run benchgen_router.serving.service:app_builder key=value ...` (keys: docs/service.md)."""
     integers = ("replicas", "cpus", "max_batch_size", "max_queries", "max_request_bytes")
     known = {"model", "revision", "backbone", "pool", "operating_point", "batch_wait_ms", *integers}
     unknown = sorted(set(args) - known)
@@ -292,129 +268,168 @@ def serve(
     operating_point: str | None = None,
     system_log_level: str = "WARNING",
 ) -> RunningService | None:
-    """Serve the router over HTTP on host:port with Ray Serve; see the module docstring for the API.
-
-    `model`: a router folder or Hub id (None: the bundled default router, no network needed).
-    `replicas` replicas, each given `threads` CPUs (default 1) and as many torch threads.
-    `max_batch_size` / `batch_wait_ms`: Ray Serve's dynamic batching (queries per run_router call;
-    how long a batch waits for more once it has one: 0 by default, since the batches that close
-    while the model runs are merged anyway, and a wait only delays requests to an idle service).
-    `max_queries` / `max_request_bytes`: the per-request limits. `address`: join that Ray
-    cluster; else this process's Ray if it has one, else a local Ray is started with `ray_cpus`
-    CPUs (default: this machine's cores, at least replicas x threads) and Prometheus metrics on
-    `metrics_port` (default: a free port, logged).
-    `access_log`: Ray Serve's per-request log lines (off: they cost throughput).
-    `system_log_level`: what Serve's controller and HTTP proxy log (by default only warnings: at
-    INFO they log a line per cancelled request and per routing-table update).
-    `operating_point`: for a router with several heads, the point requests without one are routed
-    at (default: the router's own); checked against its config.json before Ray starts, and again
-    by each replica.
-
-    blocking=True serves until Ctrl-C or SIGTERM, then drains the requests in flight and shuts
-    down cleanly (the application; Serve and Ray too when they were started here), and raises
-    KeyboardInterrupt or errors.Terminated again, so that the caller exits as interrupted.
-    blocking=False returns a RunningService to close(). Raises InputError (one line) for bad
-    settings, a busy port, a router that cannot be loaded, an operating point it does not have, or
-    a pool file that does not fit it.
-    """
+    """Serve the router over HTTP on host:port (arguments and lifecycle: docs/service.md). Settings are
+    checked before Ray starts, so that a mistake is one InputError line in a second, not a minute."""
     cpus = DEFAULT_REPLICA_CPUS if threads is None else threads
+    check_service_settings(replicas, max_batch_size, cpus, max_queries, max_request_bytes, batch_wait_ms, ray_cpus)
+    check_router_point(model, revision, operating_point)
+    pool = read_pool_file(pool_file) if pool_file is not None else None
+    local = not address and not ray.is_initialized()
+    if local:
+        metrics_port = check_local_machine(host, port, replicas * cpus, ray_cpus, metrics_port)
+    application = build_application(
+        model,
+        revision=revision,
+        backbone=backbone,
+        pool=pool,
+        replicas=replicas,
+        cpus=cpus,
+        max_batch_size=max_batch_size,
+        batch_wait_ms=batch_wait_ms,
+        max_queries=max_queries,
+        max_request_bytes=max_request_bytes,
+        operating_point=operating_point,
+        access_log=access_log,
+    )
+    plan = ServicePlan(
+        router="the default router" if model is None else model,
+        address=address,
+        num_cpus=ray_cpus or max(os.cpu_count() or 1, replicas * cpus),
+        metrics_port=metrics_port if local else None,
+        host=host,
+        port=port,
+        system_log_level=system_log_level,
+        access_log=access_log,
+        replicas=replicas,
+        cpus=cpus,
+    )
+    return run_service(application, plan, blocking)
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    """Where and how serve() starts the service, once its settings are checked."""
+
+    router: str  # as the start-up line names it
+    address: str | None  # a Ray cluster to join
+    num_cpus: int  # of a local Ray started for the service
+    metrics_port: int | None  # of a local Ray started for the service
+    host: str
+    port: int
+    system_log_level: str
+    access_log: bool
+    replicas: int
+    cpus: int  # per replica
+
+
+def check_service_settings(
+    replicas: int,
+    max_batch_size: int,
+    threads: int,
+    max_queries: int,
+    max_request_bytes: int,
+    batch_wait_ms: float,
+    ray_cpus: int | None,
+) -> None:
     for name, value in (
         ("replicas", replicas),
         ("max_batch_size", max_batch_size),
-        ("threads", cpus),
+        ("threads", threads),
         ("max_queries", max_queries),
         ("max_request_bytes", max_request_bytes),
     ):
         check_positive(name, value)
     check_positive("batch_wait_ms", batch_wait_ms, integer=False)
-    check_router_point(model, revision, operating_point)
     if ray_cpus is not None:
         check_positive("ray_cpus", ray_cpus)
-    pool = read_pool_file(pool_file) if pool_file is not None else None
-    local = not address and not ray.is_initialized()
-    if local:
-        check_cpus("replicas", replicas * cpus, ray_cpus)
-        check_port_free(host, port, "the service")
-        metrics_port = metrics_port or free_port()
-        check_port_free("127.0.0.1", metrics_port, "metrics")
 
+
+def check_local_machine(host: str, port: int, cpus: int, ray_cpus: int | None, metrics_port: int | None) -> int:
+    """The metrics port, once this machine has the CPUs and the ports for a local Ray and the service."""
+    check_cpus("replicas", cpus, ray_cpus)
+    check_port_free(host, port, "the service")
+    metrics_port = metrics_port or free_port()
+    check_port_free("127.0.0.1", metrics_port, "metrics")
+    return metrics_port
+
+
+def run_service(application: Any, plan: ServicePlan, blocking: bool) -> RunningService | None:
+    """Start the service; blocking, serve until Ctrl-C or SIGTERM. Whatever stops it (a failure at start,
+    a signal), what was started is shut down and the exception raised again, for the caller's exit code."""
     owns_ray = connected = False
-    service: RunningService | None = None
-    terminated = threading.Event()
-    previous_handler = None
-
-    def stop() -> None:
-        if service is not None:
-            service.close()
-        else:
-            shutdown_service(owns_ray, connected)
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        if not terminated.is_set():  # a second SIGTERM must not cut the drain short
-            terminated.set()
-            raise Terminated
-
+    sigterm = SigtermOnce()
     try:
-        owns_ray, connected = start_ray(
-            address, ray_cpus or max(os.cpu_count() or 1, replicas * cpus), metrics_port if local else None
-        )
-        if blocking and threading.current_thread() is threading.main_thread():
-            # After ray.init, which sets its own handler: SIGTERM (a service manager stopping
-            # us) takes the same clean path as Ctrl-C.
-            previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
-        ray_serve.start(
-            http_options={"host": host, "port": port},
-            logging_config={"log_level": system_log_level, "enable_access_log": access_log},
-        )
-        application = build_application(
-            model,
-            revision=revision,
-            backbone=backbone,
-            pool=pool,
-            replicas=replicas,
-            cpus=cpus,
-            max_batch_size=max_batch_size,
-            batch_wait_ms=batch_wait_ms,
-            max_queries=max_queries,
-            max_request_bytes=max_request_bytes,
-            operating_point=operating_point,
-            access_log=access_log,
-        )
-        handle = ray_serve.run(application, name=APP_NAME, route_prefix="/")
-        service = RunningService(
-            url=f"http://{host}:{port}",
-            metrics_url=f"http://{ray.util.get_node_ip_address()}:{metrics_port}/metrics" if owns_ray else None,
-            owns_ray=owns_ray,
-            connected=connected,
-        )
-        problem = handle.get_startup_problem.remote().result()
-        if problem:
-            raise InputError(problem)
-        logger.info(
-            "serving %s on %s (API at %s/docs%s); %d replica%s, %d CPU%s each",
-            "the default router" if model is None else model,
-            service.url,
-            service.url,
-            f", metrics at {service.metrics_url}" if service.metrics_url else "",
-            replicas,
-            "s" * (replicas != 1),
-            cpus,
-            "s" * (cpus != 1),
-        )
+        owns_ray, connected = start_ray(plan.address, plan.num_cpus, plan.metrics_port)
+        if blocking:
+            sigterm.install()  # after ray.init, which sets its own handler
+        service = deploy(application, plan, owns_ray, connected)
+        log_started(service, plan)
         if not blocking:
             return service
         logger.info("press Ctrl-C to stop")
         while True:
             time.sleep(3600)
-    except (KeyboardInterrupt, Terminated):
-        if blocking:
-            why = "SIGTERM" if terminated.is_set() else "interrupted"
+    except BaseException as err:
+        if blocking and isinstance(err, (KeyboardInterrupt, Terminated)):
+            why = "SIGTERM" if sigterm.received else "interrupted"
             logger.info("stopping (%s): answering the requests in flight", why)
-        stop()
-        raise
-    except BaseException:
-        stop()
+        shutdown_service(owns_ray, connected)
         raise
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+        sigterm.restore()  # only now: a second SIGTERM must not cut the drain short
+
+
+class SigtermOnce:
+    """SIGTERM (a service manager stopping us) as Terminated, so that it takes Ctrl-C's clean path; raised
+    once only, so that a second SIGTERM does not cut the drain short."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.previous: Any = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self.on_sigterm)
+
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        if not self.received:
+            self.received = True
+            raise Terminated
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
+
+
+def deploy(application: Any, plan: ServicePlan, owns_ray: bool, connected: bool) -> RunningService:
+    """Run the application behind Ray Serve's HTTP proxy and wait for its replicas to load the router;
+    InputError (one line) when they cannot serve it."""
+    ray_serve.start(
+        http_options={"host": plan.host, "port": plan.port},
+        logging_config={"log_level": plan.system_log_level, "enable_access_log": plan.access_log},
+    )
+    handle = ray_serve.run(application, name=APP_NAME, route_prefix="/")
+    problem = handle.get_startup_problem.remote().result()
+    if problem:
+        raise InputError(problem)
+    return RunningService(
+        url=f"http://{plan.host}:{plan.port}",
+        metrics_url=f"http://{ray.util.get_node_ip_address()}:{plan.metrics_port}/metrics" if owns_ray else None,
+        owns_ray=owns_ray,
+        connected=connected,
+    )
+
+
+def log_started(service: RunningService, plan: ServicePlan) -> None:
+    logger.info(
+        "serving %s on %s (API at %s/docs%s); %d replica%s, %d CPU%s each",
+        plan.router,
+        service.url,
+        service.url,
+        f", metrics at {service.metrics_url}" if service.metrics_url else "",
+        plan.replicas,
+        "s" * (plan.replicas != 1),
+        plan.cpus,
+        "s" * (plan.cpus != 1),
+    )
