@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import InputError, first_line
+from benchgen_router.errors import InputError, first_line, setting_error
 from benchgen_router.files import read_jsonl
 
 logger = logging.getLogger("benchgen_router")
@@ -178,16 +178,16 @@ def held_out_mask(data: LabelledData, test_split: str, seed: int) -> tuple[np.nd
     if not mask.any():
         present = sorted({s for s in data.splits if s is not None})
         if test_split != DEFAULT_TEST_SPLIT:
-            raise InputError(
+            raise setting_error(
                 f"no joined row has split '{test_split}' (splits present: {present or 'none'}); "
-                "pass one of those with --test-split."
+                "pass one of those as {test_split}."
             )
         count = max(1, round(FALLBACK_TEST_SHARE * len(data)))
         mask = np.zeros(len(data), dtype=bool)
         mask[np.random.default_rng(seed).permutation(len(data))[:count]] = True
         return mask, f"no row has split '{test_split}': seeded random {count} rows held out"
     if mask.all():
-        raise InputError(
-            f"every joined row has split '{test_split}', leaving nothing to train on; pass another --test-split."
+        raise setting_error(
+            f"every joined row has split '{test_split}', leaving nothing to train on; pass another {{test_split}}."
         )
     return mask, f"split '{test_split}'"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import InputError
+from benchgen_router.errors import setting_error
 from benchgen_router.files import atomic_output
 from benchgen_router.loading import backbone_router, backbone_source, effective_truncation_length, load_backbone_config
 from benchgen_router.model_code import RouterModel
@@ -121,8 +121,8 @@ def embed_prompts(
         try:  # before embedding, so a bad --cache-dir fails fast rather than after the work
             cache_folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise InputError(
-                f"cannot use embedding cache folder {cache_folder} ({err.strerror}); pass another --cache-dir."
+            raise setting_error(
+                f"cannot use embedding cache folder {cache_folder} ({err.strerror}); pass another {{cache_dir}}."
             ) from None
         cache_file = cache_folder / f"{key}.npy"
         cached = _read_cache(cache_file, len(prompts), text_config.hidden_size)
@@ -152,7 +152,9 @@ def embed_prompts(
         desc="embedding",
     )
     if not np.isfinite(vectors).all():
-        raise InputError(f"backbone '{backbone}' produced NaN or infinite embeddings in {dtype}; use --dtype float32.")
+        raise setting_error(
+            f"backbone '{backbone}' produced NaN or infinite embeddings in {dtype}; use {{dtype=float32}}."
+        )
     if cache_file is not None:
         with atomic_output(cache_file, "wb") as handle:
             np.save(handle, vectors, allow_pickle=False)

@@ -7,6 +7,8 @@ commands print instead. The service maps the family to 4xx answers in one handle
 
 from __future__ import annotations
 
+import re
+
 
 class RouterError(Exception):
     """A problem the caller can fix."""
@@ -25,6 +27,25 @@ class InputError(RouterError, ValueError):
 
 class RouterTypeError(RouterError, TypeError):
     """An argument of a type the package does not take (a TypeError, as callers expect)."""
+
+
+def setting_error(template: str, flags: dict[str, str] | None = None) -> InputError:
+    """An InputError whose `template` names settings as {field} or {field=value}: a Python caller
+    reads `field` or `field='value'`, the command line `--field-name [value]` (or the flag `flags`
+    gives)."""
+    flags = flags or {}
+
+    def python(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        return name if value is None else f"{name}={value!r}"
+
+    def command_line(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        flag = flags.get(name, "--" + name.replace("_", "-"))
+        return flag if value is None else f"{flag} {value}"
+
+    pattern = re.compile(r"\{(\w+)(?:=([^}]*))?\}")
+    return InputError(pattern.sub(python, template), cli=pattern.sub(command_line, template))
 
 
 def first_line(err: BaseException) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import InputError
+from benchgen_router.errors import InputError, setting_error
 
 IN_SAMPLE_NOTE = (
     "in-sample evaluation of a fixed router on the given rows (no cross-validation, so ±rep and ±fold are 0): "
@@ -112,7 +112,7 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
     from benchgen_router.routing import operating_point_of, route_queries
 
     if config.ood_queries is not None and not config.ood_queries.is_file():
-        raise InputError(f"--ood-queries {config.ood_queries} not found; pass a JSONL file of query, group rows.")
+        raise setting_error(f"{{ood_queries}} {config.ood_queries} not found; pass a JSONL file of query, group rows.")
     data = join_rewards(load_rows(config.rewards, "rewards"), load_rows(config.tasks, "tasks"), min_rows=1)
     if config.split is not None:
         rows = np.array([split == config.split for split in data.splits])

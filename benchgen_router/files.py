@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TextIO
 
-from benchgen_router.errors import InputError
+from benchgen_router.errors import InputError, setting_error
 
 # Field / column names a query is commonly stored under, in the order they are tried when the user
 # names none: "prompt" first because BenchGen's own task files (router-pilot-tasks) use it.
@@ -269,9 +269,9 @@ def choose_text_field(names: Iterable[str], chosen: str | None, source: str) -> 
     if chosen is None:
         chosen = next((name for name in TEXT_FIELDS if name in names), None)
         if chosen is None:
-            raise InputError(
+            raise setting_error(
                 f"{source} has none of the usual query fields ({', '.join(TEXT_FIELDS)}); it has "
-                f"{', '.join(map(repr, names)) or 'none'}. Pass --text-field NAME."
+                f"{', '.join(map(repr, names)) or 'none'}. Pass {{text_field=NAME}}."
             )
     elif chosen not in names:
         raise InputError(f"{source} has no field '{chosen}'; it has {', '.join(map(repr, names)) or 'none'}.")
@@ -284,7 +284,7 @@ def choose_id_field(names: Iterable[str], chosen: str | None, source: str) -> st
     if chosen is None:
         return next((name for name in ID_FIELDS if name in names), None)
     if chosen not in names:
-        raise InputError(f"{source} has no field '{chosen}' for --id-field; it has {', '.join(map(repr, names))}.")
+        raise setting_error(f"{source} has no field '{chosen}' for {{id_field}}; it has {', '.join(map(repr, names))}.")
     return chosen
 
 
@@ -364,9 +364,9 @@ def input_format(path: str, chosen: str | None) -> str:
         return chosen
     suffix = Path(path).suffix.lower()
     if suffix == ".json":
-        raise InputError(
+        raise setting_error(
             f"{path}: a .json file is one JSON document, not one query per line; convert it to "
-            "JSON lines (.jsonl), or pass --format jsonl if it already is."
+            "JSON lines (.jsonl), or pass {format=jsonl} if it already is."
         )
     return FORMATS.get(suffix, "text")
 
@@ -393,5 +393,5 @@ def read_queries(
         text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline="")
         return read_csv_lines(text, "\t" if fmt == "tsv" else ",", text_field, id_field, source)
     if fmt == "parquet":
-        raise InputError(f"{source}: Parquet input needs --engine ray (Ray Data reads it).")
+        raise setting_error(f"{source}: Parquet input needs {{engine=ray}} (Ray Data reads it).")
     return read_text_lines(numbered_lines(stream))

@@ -1,9 +1,8 @@
 """What the machine can do: CPU features, devices, the dtype and thread count to run with.
 
 bfloat16 is fast only where the hardware has matrix units for it (AMX or avx512_bf16 on a CPU, a
-GPU with bf16 support). Elsewhere oneDNN emulates it: measured on an AVX2-only EPYC, one
-2048x2048x6144 bfloat16 product took about 430 s, some 300x slower than float32. So `auto` never
-picks it there, and asking for it there is refused unless forced.
+GPU with bf16 support); elsewhere oneDNN emulates it, hundreds of times slower (docs/benchmark.md),
+so `auto` never picks it there and asking for it is refused unless forced.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.errors import InputError
+from benchgen_router.errors import InputError, setting_error
 
 logger = logging.getLogger("benchgen_router")
 
@@ -62,9 +61,9 @@ def check_device(device: str) -> None:
     except (RuntimeError, ValueError):
         raise InputError(f"unknown device '{device}'; use cpu, cuda, cuda:N or mps.") from None
     if kind == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device '{device}' asked for, but torch sees no CUDA GPU here; use --device cpu.")
+        raise setting_error(f"device '{device}' asked for, but torch sees no CUDA GPU here; use {{device=cpu}}.")
     if kind == "mps" and not torch.backends.mps.is_available():
-        raise InputError(f"device '{device}' asked for, but MPS is not available here; use --device cpu.")
+        raise setting_error(f"device '{device}' asked for, but MPS is not available here; use {{device=cpu}}.")
 
 
 def resolve_device(device: str | None) -> str:
@@ -90,9 +89,9 @@ def resolve_dtype(dtype: Any, device: str, allow_emulated: bool = False) -> Any:
         raise InputError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu" and not bf16_is_fast("cpu"):
         if not allow_emulated:
-            raise InputError(
+            raise setting_error(
                 "this CPU has neither AMX nor avx512_bf16, so bfloat16 would be emulated (hundreds of times "
-                "slower than float32); use --dtype float32 or auto, or force it with --allow-emulated-bf16."
+                "slower than float32); use {dtype=float32} or auto, or force it with {allow_emulated_bf16}."
             )
         logger.warning("bfloat16 on a CPU without AMX or avx512_bf16: emulated, expect it to be very slow")
     return resolved
@@ -119,11 +118,9 @@ def available_cpus() -> int:
 
 
 def set_threads(threads: int | None) -> int:
-    """Set torch's intra-op threads: the number asked for, else the CPUs this process may use.
-
-    Why it matters: with cores shared (load average 3.8 on 2 cores) one query took 631 ms on two
-    intra-op threads and 36 ms on one, because the thread pool's barriers wait for a descheduled
-    thread. A replica given one CPU must run one thread."""
+    """Set torch's intra-op threads: the number asked for, else the CPUs this process may use. On
+    shared cores the pool's barriers wait for descheduled threads, so a one-CPU replica runs one
+    thread (docs/benchmark.md, "Threads")."""
     import torch
 
     count = threads or available_cpus()

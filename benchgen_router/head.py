@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import InputError
+from benchgen_router.errors import InputError, setting_error
 
 # Heads of a checkpoint with operating points: one flat theta (float64) per operating point name,
 # next to head_weights.npy (which holds the default operating point's theta, for readers of the
@@ -51,9 +51,9 @@ def check_float32_finite(theta: np.ndarray, what: str) -> None:
         as_float32 = np.asarray(theta, dtype=np.float64).astype(np.float32)
     bad = int((~np.isfinite(as_float32)).sum())
     if bad:
-        raise InputError(
+        raise setting_error(
             f"{what} holds {bad} value(s) that are NaN or overflow float32 (|x| > 3.4e38); "
-            "retrain with a smaller --sigma0 or pass the right file."
+            "retrain with a smaller {sigma0} or pass the right file."
         )
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.errors import InputError, first_line
+from benchgen_router.errors import InputError, first_line, setting_error
 from benchgen_router.hardware import bf16_is_fast, check_device, resolve_dtype
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH
 from benchgen_router.model_code import default_router_dir
@@ -42,8 +42,8 @@ def declared_config(model: str, revision: str | None) -> dict[str, Any]:
     try:
         declared = json.loads(Path(cached_file(model, "config.json", revision=revision)).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise InputError(
-            f"cannot load router '{model}' ({first_line(err)}); pass --model with a converted router folder or Hub id."
+        raise setting_error(
+            f"cannot load router '{model}' ({first_line(err)}); pass {{model}} a converted router folder or Hub id."
         ) from None
     if not isinstance(declared, dict) or declared.get("model_type") != "benchgen_router":
         kind = declared.get("model_type") if isinstance(declared, dict) else None
