@@ -66,15 +66,11 @@ class RouterConfig(PretrainedConfig):
             `True` when the guard's score is a logistic score `w.u + a*d + b` of the unit embedding `u`
             and its distance `d` (`model.safetensors` then also holds `ood_weight`,
             `ood_distance_weight` and `ood_bias`); `False`: the score is the distance `d` itself.
-        ood_calibration (`dict`, *optional*):
-            How the threshold was calibrated and what the guard measured (keep share, held-out kept
-            share, AUROC and flagged share per out-of-distribution group). Informational only.
         operating_points (`dict`, *optional*):
             Heads trained at several quality/cost/latency trade-offs, by name: `{name: {"cost_weight": c,
             "latency_weight": l, ...}}`, where each head was trained to maximise reward - c * (USD per
-            1,000 queries) - l * (seconds per query); other keys (cross-validated reward, cost and
-            latency) are informational; `"ood_fallback_agent"` names the agent that answers flagged
-            queries at that point (default: `ood_fallback_agent`). With them, `model.safetensors` holds
+            1,000 queries) - l * (seconds per query); `"ood_fallback_agent"` names the agent that
+            answers flagged queries at that point (default: `ood_fallback_agent`). With them, `model.safetensors` holds
             one head per name (`head.<name>.weight`, ...). Empty (the default, the original release's layout): one head
             (`head.weight`, ...).
         operating_point (`str`, *optional*):
@@ -89,8 +85,8 @@ class RouterConfig(PretrainedConfig):
             (`"Question: "`) and surrounding whitespace. Empty (the default, and every converted
             release): queries are tokenized exactly as given, as the reference does.
         training (`dict`, *optional*):
-            Provenance copied from the trainer's manifest (rewards dataset, split sizes, rewards,
-            baselines, ...). Informational only: nothing at inference time reads it.
+            A short provenance summary (rewards dataset, split sizes, rewards, baselines); the full
+            record is `training_report.json` beside the config. Nothing at inference time reads it.
         id2label / label2id:
             The agent pool in logit order (`agent_order` of the manifest).
     """
@@ -114,7 +110,6 @@ class RouterConfig(PretrainedConfig):
         ood_guard: bool = True,
         ood_score: str | None = None,
         ood_discriminative: bool = False,
-        ood_calibration: dict[str, Any] | None = None,
         operating_points: dict[str, dict[str, Any]] | None = None,
         operating_point: str | None = None,
         query_format: dict[str, list[str]] | None = None,
@@ -151,7 +146,6 @@ class RouterConfig(PretrainedConfig):
         self.ood_guard = bool(ood_guard)
         self.ood_score = ood_score
         self.ood_discriminative = bool(ood_discriminative)
-        self.ood_calibration = ood_calibration or {}
         self.operating_points = check_operating_points(operating_points)
         if operating_point is None and self.operating_points:
             operating_point = min(self.operating_points)

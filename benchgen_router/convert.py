@@ -10,16 +10,19 @@ nothing is written.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchgen_router.errors import InputError, first_line
-from benchgen_router.folder import check_output_folder, render_card, write_router_folder
+from benchgen_router.card import render_card
+from benchgen_router.errors import InputError, first_line, setting_error
+from benchgen_router.folder import check_output_folder, write_router_folder
 from benchgen_router.head import (
     OPERATING_HEADS_FILE,
     check_float32_finite,
@@ -29,6 +32,7 @@ from benchgen_router.head import (
 )
 from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH, provenance, read_manifest
 from benchgen_router.ood import check_fallback_agent, guard_statistics_file, load_guard
+from benchgen_router.report import GuardReport, TrainingReport
 
 logger = logging.getLogger("benchgen_router")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -73,12 +77,12 @@ def load_theta(path: Path, expected_size: int, manifest: dict[str, Any]) -> np.n
     return theta.astype(np.float64)
 
 
-def recorded_backbone(manifest: dict[str, Any], backbone: str | None, backbone_id: str | None) -> str:
-    """The backbone id a published folder names: --backbone-id, else the manifest's backbone_model,
-    else --backbone itself. A local copy is where weights are read from, not what is recorded."""
-    recorded = backbone_id or manifest.get("backbone_model") or backbone
+def recorded_backbone(trained_on: str | None, backbone: str | None, backbone_id: str | None) -> str:
+    """The backbone id a published folder names: `backbone_id`, else the one the head was trained on,
+    else `backbone` itself. A local copy is where weights are read from, not what is recorded."""
+    recorded = backbone_id or trained_on or backbone
     if not recorded:
-        raise InputError("the manifest names no backbone_model; pass --backbone ID_OR_PATH.")
+        raise setting_error("the manifest names no backbone_model; pass {backbone=ID_OR_PATH}.")
     if not _HUB_ID.match(recorded) and os.path.isdir(recorded):
         logger.warning(
             "recording the local folder %s as the backbone: pass --backbone-id <Hub id> so others can load it", recorded
@@ -111,41 +115,40 @@ def _head_only_router(config: Any, state: dict[str, Any]) -> Any:
     return model
 
 
-def operating_point_settings(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The RouterConfig settings of a release's operating points (none when it has one head): each
-    point's weights and its cross-validated figures, and the default point."""
+def routing_points(report: TrainingReport) -> dict[str, dict[str, Any]]:
+    """What config.json keeps of each operating point: the trade-off and its fallback agent (the
+    figures stay in the training report)."""
+    points = {}
+    for name, point in report.operating_points.items():
+        settings: dict[str, Any] = {"cost_weight": point.cost_weight, "latency_weight": point.latency_weight}
+        if point.ood_fallback_agent is not None:
+            settings["ood_fallback_agent"] = point.ood_fallback_agent
+        points[name] = settings
+    return points
+
+
+def default_point(manifest: dict[str, Any]) -> str:
+    return manifest.get("default_operating_point") or min(manifest["operating_points"])
+
+
+def point_heads(
+    manifest: dict[str, Any], theta: np.ndarray, weights_path: Path, operating_heads: Path | None = None
+) -> dict[str, np.ndarray]:
+    """For a release with operating points, one head per point from operating_heads.safetensors (next
+    to the weights unless `operating_heads`), whose default point must be the head of head_weights.npy;
+    {} for a release with one head."""
     points = manifest.get("operating_points")
     if not points:
         return {}
-    return {
-        "operating_points": {name: dict(settings) for name, settings in points.items()},
-        "operating_point": manifest.get("default_operating_point") or min(points),
-    }
-
-
-def head_state(
-    manifest: dict[str, Any], theta: np.ndarray, weights_path: Path, operating_heads: Path | None = None
-) -> dict[str, Any]:
-    """The head's state dict: the one head of head_weights.npy, or, for a release with operating points,
-    one head per point from operating_heads.safetensors (next to the weights unless `operating_heads`),
-    whose default point must be the head of head_weights.npy."""
-    agents, dim, hidden = manifest["agent_order"], manifest["embedding_dim"], manifest["head_hidden_dim"]
-    settings = operating_point_settings(manifest)
-    if not settings:
-        return theta_to_state_dict(theta, dim, len(agents), hidden)
     source = operating_heads or Path(weights_path).with_name(OPERATING_HEADS_FILE)
-    names = list(settings["operating_points"])
-    thetas = load_operating_heads(source, names, theta.size)
-    default = settings["operating_point"]
+    thetas = load_operating_heads(source, list(points), theta.size)
+    default = default_point(manifest)
     if not np.array_equal(thetas[default], theta):
         raise InputError(
             f"{weights_path} is not the head of the default operating point '{default}' in {source}; "
             "pass the files the trainer wrote together."
         )
-    state: dict[str, Any] = {}
-    for name in names:
-        state.update(theta_to_state_dict(thetas[name], dim, len(agents), hidden, prefix=f"head.{name}."))
-    return state
+    return thetas
 
 
 def _bundled_router(config: Any, state: dict[str, Any], source: str, revision: str | None) -> Any:
@@ -169,24 +172,26 @@ def _bundled_router(config: Any, state: dict[str, Any], source: str, revision: s
     return model
 
 
-def release_guard(
-    manifest: dict[str, Any], stats_file: Path, fallback: str | None = None
-) -> tuple[Any, dict[str, Any]]:
-    """(validated guard, its RouterConfig settings). The fallback agent is `fallback` when given;
-    it and the calibration record come from the manifest's `ood_guard` when that describes these
-    statistics (same threshold), else from the file's own metadata."""
+def release_guard(manifest: dict[str, Any], stats_file: Path, fallback: str | None = None) -> tuple[Any, GuardReport]:
+    """(validated guard, its report). The fallback agent is `fallback` when given; it and the
+    calibration record come from the manifest's `ood_guard` when that describes these statistics
+    (same threshold), else from the file's own metadata."""
     guard = load_guard(stats_file, manifest["embedding_dim"])
     record = manifest.get("ood_guard") if isinstance(manifest.get("ood_guard"), dict) else {}
-    if record.get("threshold") != guard.threshold:
-        record = {key: guard.metadata[key] for key in ("keep_share", "n_fit", "n_calibration") if key in guard.metadata}
+    if record.get("threshold") != guard.threshold:  # the file's own metadata, which stores text
+        kinds = {"keep_share": float, "n_fit": int, "n_calibration": int}
+        record = {}
+        for key, kind in kinds.items():
+            with contextlib.suppress(KeyError, ValueError):
+                record[key] = kind(guard.metadata[key])
     fallback = fallback or record.get("fallback_agent") or guard.metadata.get("fallback_agent")
-    return guard, {
-        "ood_threshold": guard.threshold,
-        "ood_fallback_agent": check_fallback_agent(fallback, manifest["agent_order"], str(stats_file)),
-        "ood_score": guard.metadata.get("score"),
-        "ood_discriminative": guard.discriminative,
-        "ood_calibration": {key: value for key, value in record.items() if key != "file"},
-    }
+    fallback = check_fallback_agent(fallback, manifest["agent_order"], str(stats_file))
+    settings = {"threshold": guard.threshold, "fallback_agent": fallback, "score": guard.metadata.get("score")}
+    dropped: list[str] = []
+    report = GuardReport.from_dict({**record, **settings}, f"{stats_file.name} record", dropped)
+    for problem in dropped:
+        logger.warning("warning: %s; left out of the training report", problem.split("; pass")[0])
+    return guard, report
 
 
 def check_not_backbone_folder(output_dir: Path, backbone: str) -> None:
@@ -194,10 +199,148 @@ def check_not_backbone_folder(output_dir: Path, backbone: str) -> None:
     would be replaced by the router's), whatever --overwrite says."""
     folder = Path(backbone)
     if folder.is_dir() and output_dir.is_dir() and os.path.samefile(folder, output_dir):
-        raise InputError(
+        raise setting_error(
             f"output folder {output_dir} is the backbone's folder ({backbone}); writing the router there would "
-            "replace the backbone's own config.json and weights: pass another --output-dir."
+            "replace the backbone's own config.json and weights: pass another {output_dir}."
         )
+
+
+@dataclass
+class Release:
+    """A trained router as the folder writer takes it, from a trainer run or a release's files."""
+
+    agents: list[str]
+    embedding_dim: int
+    head_hidden_dim: int
+    head: np.ndarray  # the flat head (the default operating point's, with several)
+    report: TrainingReport
+    point_heads: dict[str, np.ndarray] = field(default_factory=dict)  # {point: flat head}
+    guard: Any = None  # ood.OODGuard, or None for a router without one
+    truncation_length: int = DEFAULT_TRUNCATION_LENGTH
+    query_format: dict[str, list[str]] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        dim, count, hidden = self.embedding_dim, len(self.agents), self.head_hidden_dim
+        if not self.point_heads:
+            return theta_to_state_dict(self.head, dim, count, hidden)
+        state: dict[str, Any] = {}
+        for name, theta in self.point_heads.items():
+            state.update(theta_to_state_dict(theta, dim, count, hidden, prefix=f"head.{name}."))
+        return state
+
+
+def read_release(
+    manifest_path: Path,
+    weights_path: Path,
+    ood_stats: Path | None = None,
+    ood_guard: bool = True,
+    ood_fallback_agent: str | None = None,
+    operating_heads: Path | None = None,
+) -> Release:
+    """A trainer release's files, each validated (see the module docstring), as one Release."""
+    manifest = read_manifest(manifest_path)
+    agents = manifest["agent_order"]
+    dim, hidden = manifest["embedding_dim"], manifest["head_hidden_dim"]
+    theta = load_theta(Path(weights_path), head_param_count(dim, len(agents), hidden), manifest)
+    heads = point_heads(manifest, theta, Path(weights_path), operating_heads)
+    stats_file = guard_statistics_file(weights_path, ood_stats) if ood_guard else None
+    if ood_fallback_agent is not None and stats_file is None:
+        raise InputError(
+            "a fallback agent was named but the release has no out-of-distribution guard to use it: "
+            f"pass --ood-stats FILE{' without --no-ood-guard' if not ood_guard else ''}, or drop --ood-fallback-agent."
+        )
+    dropped: list[str] = []  # readers rely on the reference's reader keys only: odd provenance is left out
+    report = TrainingReport.from_dict(provenance(manifest), Path(manifest_path).name, dropped)
+    for problem in dropped:
+        logger.warning("warning: %s; left out of the training report", problem.split("; pass")[0])
+    guard = None
+    if stats_file is not None:
+        guard, report.ood_guard = release_guard(manifest, stats_file, ood_fallback_agent)
+    else:
+        report.ood_guard = None
+    if heads:
+        report.default_operating_point = default_point(manifest)
+    return Release(
+        agents=agents,
+        embedding_dim=dim,
+        head_hidden_dim=hidden,
+        head=theta,
+        report=report,
+        point_heads=heads,
+        guard=guard,
+        truncation_length=manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH),
+        query_format=manifest.get("query_format"),
+    )
+
+
+def write_release(
+    release: Release,
+    output_dir: Path,
+    backbone: str | None = None,
+    backbone_revision: str | None = None,
+    backbone_id: str | None = None,
+    bundle: bool = False,
+    overwrite: bool = False,
+    card_note: str | None = None,
+) -> Path:
+    """Write a release's router folder.
+
+    `backbone`: where the backbone's config, tokenizer (and, with `bundle`, weights) are read from
+    (default: the recorded id). The folder records `backbone_id`, else the run's backbone_model,
+    else `backbone`. The run's backbone_revision applies unless another backbone id is named.
+    """
+    check_output_folder(Path(output_dir), overwrite)
+    # Imported only now: a bad file is reported before transformers' import (seconds) starts.
+    from benchgen_router.loading import load_backbone_config, load_backbone_tokenizer, router_config
+
+    report = release.report
+    recorded = recorded_backbone(report.backbone_model, backbone, backbone_id)
+    source = backbone or recorded
+    check_not_backbone_folder(Path(output_dir), source)
+    revision = backbone_revision or (report.backbone_revision if recorded == report.backbone_model else None)
+    backbone_config = load_backbone_config(source, revision)
+    tokenizer = load_backbone_tokenizer(source, revision)
+    if backbone_config.hidden_size != release.embedding_dim:
+        raise InputError(
+            f"backbone '{source}' has hidden size {backbone_config.hidden_size} but the head expects "
+            f"embedding_dim={release.embedding_dim}; pass the backbone the head was trained on."
+        )
+    guard_settings = {}
+    if release.guard is not None:
+        guard_settings = {
+            "ood_threshold": release.guard.threshold,
+            "ood_fallback_agent": report.ood_guard.fallback_agent,
+            "ood_score": release.guard.metadata.get("score"),
+            "ood_discriminative": release.guard.discriminative,
+        }
+    point_settings = {}
+    if release.point_heads:
+        point_settings = {"operating_points": routing_points(report), "operating_point": report.default_operating_point}
+    config = router_config(
+        backbone_config,
+        tokenizer,
+        recorded,
+        release.agents,
+        release.head_hidden_dim,
+        revision,
+        truncation_length=release.truncation_length,
+        query_format=release.query_format,
+        bundled_backbone=bundle,
+        training=report.summary(),
+        # 5.x names generic tokenizer.json tokenizers "TokenizersBackend", a class 4.x does not have.
+        tokenizer_class=type(tokenizer).__name__.replace("TokenizersBackend", "PreTrainedTokenizerFast"),
+        architectures=["RouterModel"],
+        **guard_settings,
+        **point_settings,
+    )
+    config.dtype = "float32"  # the reference embeds in float32; "auto" loading resolves to this
+    state = release.state_dict()
+    model = _bundled_router(config, state, source, revision) if bundle else _head_only_router(config, state)
+    _set_guard(model, release.guard)
+    card = render_card(config, report, recorded, revision, note=card_note)
+    write_router_folder(Path(output_dir), model, tokenizer, card, report, overwrite=overwrite)
+    logger.info("wrote %s (%s agents, %s head parameters)", output_dir, len(release.agents), release.head.size)
+    return Path(output_dir)
 
 
 def convert_release(
@@ -215,67 +358,9 @@ def convert_release(
     ood_fallback_agent: str | None = None,
     operating_heads: Path | None = None,
 ) -> Path:
-    """Validate a release, then write its router folder.
-
-    `backbone`: where the backbone's config, tokenizer (and, with `bundle`, weights) are read from
-    (default: the recorded id). The folder records `backbone_id`, else the manifest's
-    backbone_model, else `backbone`. The manifest's backbone_revision applies unless another
-    backbone id is named. The guard's statistics come from `ood_stats`, else ood_guard.safetensors
-    next to the weights when present; `ood_guard=False` leaves them out. A release with operating
-    points carries their heads in operating_heads.safetensors (or `operating_heads`).
-    """
-    manifest = read_manifest(manifest_path)
-    agents = manifest["agent_order"]
-    dim, hidden = manifest["embedding_dim"], manifest["head_hidden_dim"]
-    theta = load_theta(Path(weights_path), head_param_count(dim, len(agents), hidden), manifest)
-    state = head_state(manifest, theta, Path(weights_path), operating_heads)
-    guard, guard_settings = None, {}
-    stats_file = guard_statistics_file(weights_path, ood_stats) if ood_guard else None
-    if ood_fallback_agent is not None and stats_file is None:
-        raise InputError(
-            "a fallback agent was named but the release has no out-of-distribution guard to use it: "
-            f"pass --ood-stats FILE{' without --no-ood-guard' if not ood_guard else ''}, or drop --ood-fallback-agent."
-        )
-    if stats_file is not None:
-        guard, guard_settings = release_guard(manifest, stats_file, ood_fallback_agent)
+    """Validate a release's files, then write its router folder (read_release, then write_release).
+    The guard's statistics come from `ood_stats`, else ood_guard.safetensors next to the weights
+    when present; `ood_guard=False` leaves them out."""
+    release = read_release(manifest_path, weights_path, ood_stats, ood_guard, ood_fallback_agent, operating_heads)
     check_output_folder(Path(output_dir), overwrite)
-    # Imported only now: a bad file is reported before transformers' import (seconds) starts.
-    from benchgen_router.loading import load_backbone_config, load_backbone_tokenizer, router_config
-
-    recorded = recorded_backbone(manifest, backbone, backbone_id)
-    source = backbone or recorded
-    check_not_backbone_folder(Path(output_dir), source)
-    same_id = recorded == manifest.get("backbone_model")
-    revision = backbone_revision or (manifest.get("backbone_revision") if same_id else None)
-    backbone_config = load_backbone_config(source, revision)
-    tokenizer = load_backbone_tokenizer(source, revision)
-    if backbone_config.hidden_size != dim:
-        raise InputError(
-            f"backbone '{source}' has hidden size {backbone_config.hidden_size} but the head expects "
-            f"embedding_dim={dim}; pass the backbone the head was trained on."
-        )
-    # 5.x names generic tokenizer.json tokenizers "TokenizersBackend", a class 4.x does not have.
-    tokenizer_class = type(tokenizer).__name__.replace("TokenizersBackend", "PreTrainedTokenizerFast")
-    config = router_config(
-        backbone_config,
-        tokenizer,
-        recorded,
-        agents,
-        hidden,
-        revision,
-        truncation_length=manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH),
-        query_format=manifest.get("query_format"),
-        bundled_backbone=bundle,
-        training=provenance(manifest),
-        tokenizer_class=tokenizer_class,
-        architectures=["RouterModel"],
-        **guard_settings,
-        **operating_point_settings(manifest),
-    )
-    config.dtype = "float32"  # the reference embeds in float32; "auto" loading resolves to this
-    model = _bundled_router(config, state, source, revision) if bundle else _head_only_router(config, state)
-    _set_guard(model, guard)
-    card = render_card(config, recorded, revision, note=card_note)
-    write_router_folder(Path(output_dir), model, tokenizer, card, overwrite=overwrite)
-    logger.info("wrote %s (%s agents, %s head parameters)", output_dir, len(agents), theta.size)
-    return Path(output_dir)
+    return write_release(release, output_dir, backbone, backbone_revision, backbone_id, bundle, overwrite, card_note)

@@ -1,8 +1,8 @@
 """The manifest schema, in one place: what the trainer writes next to head_weights.npy and the
 converter reads (docs/reference.md, "manifest.json").
 
-Readers depend only on READER_KEYS; everything else is provenance, copied into the router's
-config (`config.training`) and shown on its model card, whatever its type.
+Readers depend only on READER_KEYS; everything else is provenance, which the converter keeps as
+the router's training report (report.py).
 """
 
 from __future__ import annotations
@@ -53,13 +53,8 @@ PROJECT_KEYS = (
     "frontier",
     "target_mode",
 )
-# Copied into config.training (provenance shown on the card; nothing at inference reads it). The
-# search history stays in the manifest: it is long and says nothing a router user needs.
-PROVENANCE_KEYS = tuple(
-    k
-    for k in REFERENCE_KEYS + PROJECT_KEYS
-    if k not in ("history", "agent_order", "operating_points", "default_operating_point", "query_format")
-)
+# The structure of the head and its inputs, which the router's config holds; the rest is the report.
+STRUCTURE_KEYS = ("agent_order", "embedding_dim", "head_hidden_dim", "query_format")
 DEFAULT_TRUNCATION_LENGTH = 1024  # docs/reference.md: truncation=True, max_length=1024
 
 
@@ -136,8 +131,8 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
 
 
 def provenance(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's provenance keys, as the router's config stores them."""
-    return {key: manifest[key] for key in PROVENANCE_KEYS if key in manifest}
+    """The manifest's provenance: every key but the head's structure, for the training report."""
+    return {key: value for key, value in manifest.items() if key not in STRUCTURE_KEYS}
 
 
 def make_manifest(**fields: Any) -> dict[str, Any]:

@@ -122,25 +122,11 @@ def search_head(
     library: str = DEFAULT_CMA_LIBRARY,
     progress: bool = False,
 ) -> SearchResult:
-    """Separable CMA-ES over the flat head vector (docs/reference.md, "Training").
-
-    x0 = zeros, fitness = mean training reward of the candidate's picks, maximised; every candidate
-    of a generation is scored in one vectorised pass, and the best candidate ever seen is returned
-    (the first one to reach the highest reward). Deterministic for a fixed seed.
-
-    Why diagonal: the full covariance of a 10,245-parameter head is a 10,245^2 matrix (800 MB, an
-    eigendecomposition per update); the diagonal version is O(n) per sample and is what the reference
-    ran. Why pycma (CMA_diagonal=True) by default rather than cmaes.SepCMA, measured on 2 CPU cores
-    at the reference budget (60 generations, sigma0 0.5, default population):
-    - pilot data, MiniLM embeddings (1,925 parameters): both reach the training oracle (0.9429)
-      within 5 generations; 5-fold CV router reward over 5 seeds 0.863 (pycma) vs 0.856 (cmaes),
-      within noise; 0.34 s vs 0.21 s per search.
-    - Qwen3-1.7B geometry (2,048-d, 10,245 parameters), synthetic clustered rewards, 8 runs:
-      training reward / oracle 0.982 vs 0.979, held-out / oracle 0.883 vs 0.868, 6.9 s vs 9.7 s
-      per search (cmaes asks one candidate at a time). At 384-d the order flips slightly
-      (0.957 vs 0.962), so the release geometry decides.
-    Both are deterministic for a seed; `library` selects either so the comparison can be rerun.
-    """
+    """Separable CMA-ES over the flat head vector (docs/reference.md, "Training"): x0 = zeros,
+    fitness = mean training reward of the candidate's picks, each generation scored in one
+    vectorised pass, the best candidate ever seen returned. Deterministic for a fixed seed.
+    Diagonal because a full covariance of a 10,245-parameter head is a 10,245^2 matrix; pycma is the
+    default and cmaes.SepCMA the alternative (`library`), compared in docs/benchmark.md."""
     from tqdm.auto import tqdm
 
     check_search_settings(sigma0, generations, seed, popsize, library)

@@ -153,7 +153,7 @@ def test_trainer_output_round_trips_through_convert_into_the_pipeline(pilot_run,
     assert config["backbone_name_or_path"] == "test-org/tiny-qwen3"  # the recorded id, not the local path
     card = (folder / "router" / "README.md").read_text()
     assert card.split("<!-- end of router card -->")[0].rstrip().endswith("A test note.")
-    assert "5-fold CV reward (router)" in card
+    assert "5-fold CV reward: router" in card
 
 
 @pytest.mark.slow
@@ -208,8 +208,11 @@ def test_guard_is_fitted_on_the_whole_task_pool_and_exported(pilot_run):
     config = json.loads((folder / "router" / "config.json").read_text())
     assert config["ood_threshold"] == record["threshold"] and config["ood_fallback_agent"] == "frontier_b"
     assert config["ood_discriminative"] is True and config["query_format"] == manifest["query_format"]
-    assert config["ood_calibration"]["evaluation"] == evaluation
-    assert "## Out-of-distribution guard" in (folder / "router" / "README.md").read_text()
+    assert "ood_calibration" not in config and len(json.dumps(config)) < 8_000  # lean: the record is the report's
+    report = json.loads((folder / "router" / "training_report.json").read_text())
+    assert report["ood_guard"]["evaluation"] == evaluation and report["n_train"] == manifest["n_train"]
+    card = (folder / "router" / "README.md").read_text()
+    assert "## Out-of-distribution guard" in card and f"{record['calibration_kept_share']:.4f}" in card
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,7 +351,7 @@ def test_bad_data_stops_with_one_line(kind, tmp_path, backbone_dir, capsys):
         (
             ["--test-split", "holdout"],
             "error: no joined row has split 'holdout' (splits present: ['test', 'train']); "
-            "pass one of those with --test-split.",
+            "pass one of those as --test-split.",
         ),
         (["--cv-folds", "1"], "error: --cv-folds must be 0 (skip) or at least 2."),
         (["--popsize", "2"], "error: popsize must be at least 4 candidates per generation, got 2."),
@@ -515,7 +518,8 @@ def test_the_exported_router_serves_every_point_and_its_card_lists_them(value_ru
     assert config["operating_point"] == "thrifty" and set(config["operating_points"]) == {"quality", "thrifty"}
     manifest = json.loads((folder / "out" / "manifest.json").read_text())
     card = (folder / "router" / "README.md").read_text()
-    assert "## Quality, cost and latency" in card and "`thrifty` (default): cost 5" in card
+    assert "## Figures" in card and "`thrifty` (default): cost 5" in card
+    assert set(config["operating_points"]["thrifty"]) <= {"cost_weight", "latency_weight", "ood_fallback_agent"}
     thrifty_cv = manifest["operating_points"]["thrifty"]["cv"]
     assert f"{thrifty_cv['reward']:.4f} ± {thrifty_cv['reward_std_repeats']:.4f}" in card
     assert "| always frontier_a |" in card and "operating_point=" in card
@@ -547,13 +551,13 @@ def test_target_mode_chooses_the_default_and_records_its_nested_estimate(tmp_pat
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--operating-point", "cheap=1"], "error: --operating-point trains for cost and latency: pass --calls FILE"),
+        (["--operating-point", "cheap=1"], "error: --operating-point train for cost and latency: pass --calls"),
         (["--calls", "CALLS", "--operating-point", "a=1", "--operating-point", "a=2"], "names repeat: ['a']"),
         (["--calls", "CALLS", "--operating-point", "a=1", "--operating-point", "b=1"], "have the same weights"),
         (["--calls", "CALLS", "--operating-point", "a=1", "--default-operating-point", "b"], "'b' is not one of"),
         (["--calls", "CALLS", "--operating-point", "a=1", "--target-eps", "0.01"], "give at least two"),
         (["--calls", "missing.jsonl"], "error: --calls missing.jsonl not found"),
-        (["--pool", "CALLS"], "error: --pool prices calls: pass --calls FILE with it."),
+        (["--pool", "CALLS"], "error: --pool prices calls: pass --calls with it."),
         (["--ensemble-seeds", "1,2", "--head-hidden-dim", "4"], "averages linear heads only"),
         (["--shrink", "1"], "must be a number in [0, 1)"),
     ],

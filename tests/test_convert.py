@@ -43,6 +43,7 @@ def test_output_folder_is_a_complete_hub_repo(converted):
         "README.md",
         "tokenizer.json",
         "tokenizer_config.json",
+        "training_report.json",
     } <= names
     card = (folder / "README.md").read_text()
     header = card.split("---")[1]
@@ -343,20 +344,26 @@ def test_weights_that_overflow_float32_are_refused(tmp_path, backbone_dir, value
         {"cross_validation": 3, "train_reward": float("inf"), "beats_best_fixed_agent": "yes"},
     ],
 )
-def test_provenance_of_any_type_is_rendered_and_the_card_stays_valid(tmp_path, backbone_dir, provenance):
-    """Readers rely only on agent_order, embedding_dim, head_hidden_dim and backbone_model: odd
-    provenance is shown as text, never a crash, and the card's front matter stays valid YAML."""
+def test_provenance_of_any_type_is_left_out_and_the_card_stays_valid(tmp_path, backbone_dir, provenance):
+    """Readers rely only on agent_order, embedding_dim, head_hidden_dim and backbone_model: a
+    provenance field of the wrong type is left out of the report with a warning naming it, and the
+    card's front matter stays valid YAML."""
     manifest, weights = write_release(tmp_path / "release", 32, seed=0, backbone=str(backbone_dir))
     data = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**data, **provenance}).replace("Infinity", "1e999"))
     out = tmp_path / "out"
     result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
     assert result.returncode == 0, result.stderr
+    bad = [key for key, value in provenance.items() if key != "model_id"]
+    for key in bad:
+        assert f"manifest.json.{key}" in result.stderr and "left out of the training report" in result.stderr
+    report = json.loads((out / "training_report.json").read_text())
+    assert all(report.get(key) is None for key in bad) and report["n_test"] == data["n_test"]
     card = (out / "README.md").read_text()
     front, body = card.split("---\n", 2)[1:]
     keys = [line.split(":")[0] for line in front.splitlines() if line and not line.startswith("- ")]
     assert keys == ["library_name", "pipeline_tag", "license", "tags"]  # a local path is no base_model
-    assert "| rows (train / held out) |" in body and "\n---\n" not in body.split("# ", 1)[1]
+    assert "\n---\n" not in body.split("# ", 1)[1]
 
 
 def test_saved_tokenizer_carries_no_loading_flags(converted):

@@ -6,9 +6,9 @@ import pytest
 
 from benchgen_router.errors import InputError
 from benchgen_router.manifest import (
-    PROVENANCE_KEYS,
     READER_KEYS,
     REFERENCE_KEYS,
+    STRUCTURE_KEYS,
     make_manifest,
     provenance,
     validate_manifest,
@@ -20,7 +20,7 @@ GOOD = {"agent_order": ["a", "b"], "embedding_dim": 4, "head_hidden_dim": 0, "ba
 def test_the_reference_schema_and_what_readers_rely_on():
     assert READER_KEYS == ("agent_order", "embedding_dim", "head_hidden_dim", "backbone_model")
     assert set(READER_KEYS) <= set(REFERENCE_KEYS) and len(REFERENCE_KEYS) == 17
-    assert "history" not in PROVENANCE_KEYS and "agent_order" not in PROVENANCE_KEYS
+    assert set(STRUCTURE_KEYS) >= {"agent_order", "embedding_dim", "head_hidden_dim"}
 
 
 @pytest.mark.parametrize(
@@ -48,5 +48,5 @@ def test_make_manifest_orders_keys_and_refuses_unknown_ones():
     assert list(manifest) == ["model_id", "agent_order", "embedding_dim", "head_hidden_dim", "cma"]
     with pytest.raises(KeyError, match="not manifest keys"):
         make_manifest(**GOOD, colour="blue")
-    kept = provenance({**GOOD, "history": [1], "n_train": 35})
-    assert kept == {"backbone_model": "org/model", "embedding_dim": 4, "head_hidden_dim": 0, "n_train": 35}
+    kept = provenance({**GOOD, "history": [1], "n_train": 35, "query_format": {"labels": []}})
+    assert kept == {"backbone_model": "org/model", "history": [1], "n_train": 35}  # the head's structure is not

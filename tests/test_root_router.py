@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from benchgen_router.card import CARD_END
 from benchgen_router.files import read_jsonl
-from benchgen_router.folder import CARD_END, HUB_FILES
+from benchgen_router.folder import HUB_FILES
 from benchgen_router.forms import in_form
 from benchgen_router.loading import load_router
 from benchgen_router.model_code import default_router_dir
+from benchgen_router.report import REPORT_FILE, read_report
 from benchgen_router.routing import route_queries
 from helpers import AGENTS, NO_PILOT, PILOT, PROJECT_ROOT
 
@@ -50,18 +52,21 @@ def test_the_root_is_the_router_and_its_readme_is_the_card():
     assert 'base_model: "sentence-transformers/all-MiniLM-L6-v2"' in front
     card, docs = readme.split(CARD_END)
     assert "a demonstration, not the release" in card and "Qwen/Qwen3-1.7B" in card
-    training = model.config.training
-    assert (training["n_train"], training["n_test"]) == (35, 11)
-    assert (training["frontier"]["repeats"], training["frontier"]["folds"]) == (10, 5)
-    for figure in (training["test_reward"], training["baselines"]["best_fixed_agent"]):
+    report = read_report(root / REPORT_FILE)
+    assert model.config.training == report.summary() and len((root / "config.json").read_bytes()) < 16_000
+    assert (report.n_train, report.n_test) == (35, 11)
+    assert (report.frontier.repeats, report.frontier.folds) == (10, 5)
+    for figure in (report.test_reward, report.baselines["best_fixed_agent"]):
         assert f"{figure:.4f}" in card
     # the cost-aware default the card claims, and every point's cross-validated figures on it
-    points = model.config.operating_points
-    assert model.config.operating_point == "balanced"
-    assert set(points) == {"quality", "balanced", "economy", "fast"}
-    for name, point in points.items():
-        assert f"{point['cv']['reward']:.4f} ± {point['cv']['reward_std_repeats']:.4f}" in card, name
-        assert f"| `{name}`, plain questions | {point['cv_plain']['reward']:.4f}" in card, name
+    assert model.config.operating_point == report.default_operating_point == "balanced"
+    assert (
+        set(model.config.operating_points) == set(report.operating_points) == {"quality", "balanced", "economy", "fast"}
+    )
+    for name, point in report.operating_points.items():
+        row = f"{point.cv.reward:.4f} ± {point.cv.reward_std_repeats:.4f} | {point.cv.delta_reward:+.4f}"
+        assert f"{row} ± {point.cv.delta_se:.4f} | {point.cv_plain.reward:.4f} |" in card, name
+    assert len(card.splitlines()) <= 100
     assert "benchgen-router route" in docs and "python -m pytest" in docs  # the project's documentation
 
 

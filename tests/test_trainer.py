@@ -37,13 +37,30 @@ def test_train_from_python_writes_what_the_command_writes(tmp_path, backbone_dir
     np.testing.assert_array_equal(theta, np.load(tmp_path / "cli" / "head_weights.npy", allow_pickle=False))
     np.testing.assert_array_equal(theta, result.head.theta)
     written = json.loads((tmp_path / "lib" / "manifest.json").read_text())
-    assert written["agent_order"] == AGENTS and written["test_reward"] == result.evaluation["router"]
-    assert result.manifest["model_id"] == written["model_id"] and result.cross_validation is None
-    assert result.frontier is None and result.default_operating_point is None
+    report = result.report
+    assert written["agent_order"] == AGENTS and written["test_reward"] == report.evaluation["router"]
+    assert result.manifest["model_id"] == written["model_id"] == report.model_id and report.cross_validation is None
+    assert report.frontier is None and report.default_operating_point is None
+    assert {key: written[key] for key in report.to_dict()} == json.loads(json.dumps(report.to_dict()))
 
 
 def test_bad_search_settings_fail_before_any_work(tmp_path):
     config = TrainConfig(rewards="absent.jsonl", tasks="absent.jsonl", output_dir=tmp_path / "out", shrink=1.5)
     with pytest.raises(InputError, match=r"shrink 1\.5"):
         train(config)
+    assert not (tmp_path / "out").exists()
+
+
+def test_settings_are_checked_in_the_library_and_named_for_python_callers(tmp_path):
+    from benchgen_router.frontier import Tradeoff
+
+    config = TrainConfig(
+        rewards="r.jsonl",
+        tasks="t.jsonl",
+        output_dir=tmp_path / "out",
+        operating_points=[("cheap", Tradeoff(1.0, 0.0))],
+    )
+    with pytest.raises(InputError, match="operating_points train for cost and latency: pass calls") as caught:
+        train(config)
+    assert "--" not in str(caught.value) and caught.value.for_command_line().startswith("--operating-point train")
     assert not (tmp_path / "out").exists()

@@ -17,6 +17,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchgen_router.errors import Terminated, raise_terminated
 
@@ -44,6 +45,19 @@ def integer_at_least(minimum: int, maximum: int | None = None) -> Callable[[str]
         return number
 
     return parse
+
+
+def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a library parser: its InputError becomes argparse's one-line usage error."""
+    from benchgen_router.errors import InputError
+
+    def convert(value: str) -> Any:
+        try:
+            return parse(value)
+        except InputError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return convert
 
 
 positive_int = integer_at_least(1)

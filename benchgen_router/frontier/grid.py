@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.costs import CostData, utility_matrix
+from benchgen_router.costs import MAX_WEIGHT, CostData, utility_matrix
 from benchgen_router.errors import InputError
 from benchgen_router.training import SearchResult, search_head
 
@@ -81,6 +81,27 @@ def parse_grid(text: str) -> list[Tradeoff]:
     if not grid:
         raise InputError("the trade-off grid is empty; pass at least one weight, e.g. '0,0.5,1'.")
     return grid
+
+
+def parse_operating_point(text: str) -> tuple[str, Tradeoff]:
+    """'NAME=COST[:LATENCY]' -> (name, its trade-off)."""
+    from benchgen_router.model_code import OPERATING_POINT_NAME
+
+    name, equals, weights = text.partition("=")
+    if not equals or not OPERATING_POINT_NAME.match(name):
+        raise InputError(
+            f"'{text}' is not NAME=COST[:LATENCY] with a NAME of letters, digits, '_' or '-' (e.g. balanced=0.2)"
+        )
+    try:
+        grid = parse_grid(weights)
+    except InputError:
+        raise InputError(
+            f"'{text}': COST[:LATENCY] must be one number or a cost:latency pair of numbers from 0 to "
+            f"{MAX_WEIGHT:g} (e.g. balanced=0.2 or fast=0:0.01)"
+        ) from None
+    if len(grid) != 1:
+        raise InputError(f"'{text}' names more than one trade-off; give one COST[:LATENCY] per point")
+    return name, grid[0]
 
 
 def regularised_utility(utility: np.ndarray, shrink: float) -> np.ndarray:
