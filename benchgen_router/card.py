@@ -100,7 +100,7 @@ def figures_section(config: Any, report: TrainingReport) -> str:
         "",
     ]
     names = {f"router lc{p.cost_weight:g}_ll{p.latency_weight:g}": n for n, p in report.operating_points.items()}
-    lines += [f"In short: {headline_text(headline(frontier), names)}.", ""]
+    lines += [f"In short: {headline_text(headline(frontier), names, figures=False)}.", ""]
     if report.target_mode is not None:
         nested = report.target_mode["nested_cv"]["point"]
         lines += [

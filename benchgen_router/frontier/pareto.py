@@ -144,21 +144,27 @@ def headline(result: FrontierResult, eps: float | None = None) -> dict[str, Any]
     return summary
 
 
-def headline_text(summary: dict[str, Any], names: dict[str, str] | None = None) -> str:
+def headline_text(summary: dict[str, Any], names: dict[str, str] | None = None, figures: bool = True) -> str:
     """headline()'s summary as one sentence: the cheapest router point at equal quality, and dominance.
-    `names` renames router points (e.g. "router lc0.2_ll0" -> an operating point's name)."""
+    `names` renames router points (e.g. "router lc0.2_ll0" -> an operating point's name); without
+    `figures` the sentence names the points only (for a card whose table holds the figures)."""
     best = summary.get("cheapest_router_by_cost")
     names = names or {}
     reference = summary.get("reference")
-    if best is None:
-        text = f"no router point is within {summary['eps']:.4f} reward of {reference} (equal quality: its paired se)"
+    if figures:
+        within = f"within {summary['eps']:.4f} reward of {reference} (equal quality: the paired se"
     else:
-        text = (
-            f"cheapest router point within {summary['eps']:.4f} reward of {reference} (equal quality: the paired se "
-            f"of the reward-only point): {names.get(best['name'], best['name'])}, {best['reward']:.4f} "
-            f"(Δ {best['delta_reward']:+.4f} ± {best['delta_se']:.4f}) at {100 * (1 - best['cost_saving']):.0f}% of "
-            f"its cost and {100 * (1 - best['latency_saving']):.0f}% of its latency"
-        )
+        within = f"at equal quality with {reference} (within the paired se"
+    if best is None:
+        text = f"no router point is {within})"
+    else:
+        text = f"cheapest router point {within} of the reward-only point): {names.get(best['name'], best['name'])}"
+        if figures:
+            text += (
+                f", {best['reward']:.4f} (Δ {best['delta_reward']:+.4f} ± {best['delta_se']:.4f}) at "
+                f"{100 * (1 - best['cost_saving']):.0f}% of its cost and {100 * (1 - best['latency_saving']):.0f}% "
+                "of its latency"
+            )
     dominated = [name for name, by in summary.get("fixed_agents_dominated_by_a_router", {}).items() if by]
     every = summary.get("router_dominates_every_fixed_agent")
     return (
