@@ -181,6 +181,8 @@ def pool_agents(rows: Any, source: str = "pool file", prices_required: bool = Fa
     "price_per_1m_output_usd"}], or one line naming the first bad entry. A price given must be a
     number >= 0; an absent one is None (the service lists what it has) unless `prices_required`
     (costs are computed from them)."""
+    if isinstance(rows, dict) and "agents" in rows:  # the object form, with the pool's upstream defaults
+        rows = rows["agents"]
     if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
         raise InputError(
             f"{source} must be a JSON list of agent objects (agent_id and prices per 1M tokens), like agents.json."
