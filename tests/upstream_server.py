@@ -1,0 +1,415 @@
+"""Real OpenAI-compatible upstreams for the tests: `transformers serve` on 127.0.0.1, serving a tiny random
+chat model built at test time (nothing is downloaded, nothing is mocked).
+
+A test module takes the fixtures with `pytest_plugins = ["upstream_server"]`: a plugin defines each fixture
+once, so a session-scoped server is shared by every module that asks for it (importing the fixtures into
+each module would start one server per module).
+
+What `transformers serve` (5.x) does that tests, and the router, meet:
+- it is pinned to the model folder given on its command line: requests name that exact string as "model"
+  (`UpstreamServer.model`) or leave "model" out; any other name is answered 400;
+- `/health` answers only once the model is loaded (the pinned model loads before the port is bound);
+- a request without max_tokens gets max_new_tokens raised to at least 1024, whatever the model's
+  generation_config says, so the tiny model's answers must end by themselves (see build_tiny_chat_model);
+- fields outside OpenAI's schema are answered 422; some inside it (stream_options, n, ...) are ignored;
+- a stream is `data: {chunk}` events: the role first, one event per token, then one with finish_reason and
+  usage (always sent); transformers 5.24 sends no `data: [DONE]` and closes the stream instead.
+
+PYTEST_DONT_REWRITE: test modules import this file before pytest loads it as their plugin; the marker spares
+them pytest's warning that it came too late to rewrite asserts (this file raises its own errors instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from helpers import SUBJECTS, VERBS
+
+HOST = "127.0.0.1"
+STARTUP_TIMEOUT_S = 180.0  # ~5 s alone on 2 cores; far more while a test suite runs beside it
+STOP_GRACE_S = 10.0
+
+SPECIAL_TOKENS = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+# make_queries' words (so its prompts tokenize with no <unk>), the chat roles, digits and filler words.
+CHAT_WORDS = sorted(
+    {v.lower() for v in VERBS}
+    | set(SUBJECTS)
+    | {"system", "user", "assistant", "then", "relate", "it", "to", "the", "of", "and", "a", "is", "answer"}
+    | {"agent", "model", "pool", "query", "router", "step", "reason", "number", "light", "stone", "river"}
+    | {str(digit) for digit in range(10)}
+    | {".", ",", "?", "!"}
+)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def build_tiny_chat_model(folder: Path, seed: int = 0) -> Path:
+    """A tiny random LlamaForCausalLM with a word-level tokenizer and a chat template, saved to `folder`;
+    it loads offline with AutoModelForCausalLM / AutoTokenizer. The weights depend on `seed` alone.
+
+    Greedy decoding with no_repeat_ngram_size=1 bans every token already in the sequence, and the EOS token
+    (<|endoftext|>) never occurs in a prompt: so an answer ends within len(vocabulary) tokens even when the
+    server lifts max_new_tokens to 1024."""
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *CHAT_WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        eos_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    # transformers 5 keeps the template in chat_template.jinja; readers of tokenizer_config.json find it there too.
+    config_path = folder / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text())
+    tokenizer_config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(tokenizer_config, indent=2))
+
+    # Llama rather than Qwen3: serve parses a Qwen3 answer for <think> blocks, a Llama one streams as it is.
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=vocab["<|endoftext|>"],
+        pad_token_id=vocab["<pad>"],
+    )
+    with torch.random.fork_rng(devices=[]):  # the seed picks the weights without touching the caller's RNG
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(
+        max_new_tokens=32,
+        do_sample=False,
+        no_repeat_ngram_size=1,
+        eos_token_id=vocab["<|endoftext|>"],
+        pad_token_id=vocab["<pad>"],
+    )
+    model.save_pretrained(folder)
+    return folder
+
+
+def serving_skip_reason() -> str | None:
+    """Why `transformers serve` cannot run these upstreams here, or None when it can."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return f"transformers {transformers.__version__}: `transformers serve` before 5.0 has another interface"
+    missing = [name for name in ("fastapi", "uvicorn", "openai", "pydantic") if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"`transformers serve` needs the serving extra (transformers[serving]); missing: {', '.join(missing)}"
+    return None
+
+
+def free_port(host: str = HOST) -> int:
+    """A port nothing listens on now (the OS picks it; another process may still take it later)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def server_env() -> dict[str, str]:
+    """The test environment, offline and without proxies: the server reaches nothing but its own folder."""
+    env = {key: value for key, value in os.environ.items() if key not in _PROXY_VARIABLES}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HUB_DISABLE_UPDATE_CHECK="1",  # the CLI would otherwise ask PyPI for a newer transformers
+        HF_HUB_DISABLE_TELEMETRY="1",
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",  # a tiny model gains nothing from threads; N servers would fight over 2 cores
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+class UpstreamServer:
+    """`transformers serve MODEL_DIR` as a subprocess on 127.0.0.1. As a context manager it starts, waits
+    until /health answers, and stops at exit; or call start(), wait_ready() and stop() yourself."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        port: int | None = None,
+        log_dir: Path | None = None,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    ) -> None:
+        self.model = str(Path(model_dir).resolve())  # the name serve is pinned to, and answers to
+        self.port = port or free_port()
+        self._pick_port = port is None  # only a port picked here may be re-picked when another process took it
+        self.extra_args = list(extra_args)
+        self.startup_timeout_s = startup_timeout_s
+        self._own_log_dir = log_dir is None
+        self.log_dir = Path(tempfile.mkdtemp(prefix="upstream-")) if log_dir is None else Path(log_dir)
+        self.log_path = self.log_dir / f"serve-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.startup_s: float | None = None  # seconds from spawn to the first healthy answer
+        self._started_at = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, as a client's base_url (`.../v1`)."""
+        return f"{self.url}/v1"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "transformers.cli.transformers",  # the `transformers` console script, without relying on PATH
+            "serve",
+            self.model,
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--device",
+            "cpu",
+            *self.extra_args,
+        ]
+
+    def start(self) -> UpstreamServer:
+        """Spawn the server and return at once (wait_ready() waits for it), so that a pool starts in parallel."""
+        if self.running:
+            return self
+        self.log_path = self.log_dir / f"serve-{self.port}.log"
+        # A file, not a pipe: a pipe nobody reads fills up and blocks the server.
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=server_env()
+            )
+        self._started_at = time.monotonic()
+        return self
+
+    def wait_ready(self, timeout_s: float | None = None) -> UpstreamServer:
+        """Block until GET /health answers 200; on a timeout or an early exit, stop the server and raise
+        RuntimeError with the tail of its log."""
+        deadline = time.monotonic() + (self.startup_timeout_s if timeout_s is None else timeout_s)
+        port_retries = 3
+        while True:
+            if self.process is None:
+                raise RuntimeError("wait_ready() before start()")
+            code = self.process.poll()
+            if code is not None:
+                if self._pick_port and port_retries and "address already in use" in self.log_tail().lower():
+                    port_retries -= 1  # the port picked was taken before serve bound it: pick another
+                    self.port = free_port()
+                    self.start()
+                    continue
+                raise RuntimeError(f"`transformers serve` exited with code {code} before answering:\n{self.log_tail()}")
+            if _health_ok(self.url):
+                self.startup_s = time.monotonic() - self._started_at
+                return self
+            if time.monotonic() > deadline:
+                tail = self.log_tail()  # before stop(), which may remove the log
+                self.stop()
+                raise RuntimeError(
+                    f"`transformers serve` on {self.url} did not answer /health within "
+                    f"{self.startup_timeout_s if timeout_s is None else timeout_s:.0f} s:\n{tail}"
+                )
+            time.sleep(0.1)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone. Safe to call twice."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of what the server printed (stdout and stderr together)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def chat_body(self, content: str, **fields: object) -> dict:
+        """An OpenAI chat-completions request body for this server: one user message, then `fields`."""
+        return {"model": self.model, "messages": [{"role": "user", "content": content}], **fields}
+
+    def __enter__(self) -> UpstreamServer:
+        try:
+            return self.start().wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"UpstreamServer({self.base_url}, model={self.model!r}, running={self.running})"
+
+
+def _health_ok(url: str) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    try:
+        with opener.open(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start_upstreams(model_dirs: Sequence[Path], **kwargs: object) -> list[UpstreamServer]:
+    """One server per folder on distinct ports, spawned together and then waited for: a pool starts in
+    about the time of one server. If any fails, all are stopped and the error is raised."""
+    servers = [UpstreamServer(folder, **kwargs) for folder in model_dirs]  # type: ignore[arg-type]
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
+@contextlib.contextmanager
+def down_upstream() -> Iterator[str]:
+    """The base URL of an upstream that is down: a bound socket that does not listen, so a connection is
+    refused at once, and no other process can take the port while the block runs."""
+    with socket.socket() as holder:
+        holder.bind((HOST, 0))
+        yield f"http://{HOST}:{holder.getsockname()[1]}/v1"
+
+
+@contextlib.contextmanager
+def stalled_upstream() -> Iterator[str]:
+    """The base URL of an upstream that hangs: the kernel accepts connections into the backlog, and nothing
+    ever reads a request or answers it (for timeout tests)."""
+    with socket.socket() as listener:
+        listener.bind((HOST, 0))
+        listener.listen(16)
+        yield f"http://{HOST}:{listener.getsockname()[1]}/v1"
+
+
+def parse_sse(lines: Iterable[str]) -> tuple[list[dict], bool]:
+    """(JSON payloads of the `data:` events, whether a `data: [DONE]` ended the stream). Raises
+    ValueError on a line that is neither an event nor blank, or on an event after [DONE]."""
+    chunks: list[dict] = []
+    done = False
+    for line in lines:
+        if not line.strip():
+            continue
+        if not line.startswith("data: "):
+            raise ValueError(f"not an SSE data line: {line!r}")
+        if done:
+            raise ValueError(f"an event after [DONE]: {line!r}")
+        payload = line.removeprefix("data: ").strip()
+        if payload == "[DONE]":
+            done = True
+        else:
+            chunks.append(json.loads(payload))
+    return chunks, done
+
+
+@pytest.fixture(scope="session")
+def serve_available() -> None:
+    """Skips the test when `transformers serve` cannot run here (transformers < 5, or no serving extra)."""
+    reason = serving_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of a tiny random chat model (seed 0)."""
+    return build_tiny_chat_model(tmp_path_factory.mktemp("chat-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def upstream(
+    serve_available: None, tiny_chat_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[UpstreamServer]:
+    """One running server for the whole run (a start costs seconds); tests must not stop it."""
+    with UpstreamServer(tiny_chat_model, log_dir=tmp_path_factory.mktemp("upstream-log")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def make_upstreams(
+    serve_available: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., list[UpstreamServer]]]:
+    """A factory: make_upstreams(count, seeds=None) -> `count` running servers on distinct ports, each with
+    its own model (seed i by default, so agents answer differently); all stop at the end of the module."""
+    started: list[UpstreamServer] = []
+
+    def make(count: int, seeds: Sequence[int] | None = None) -> list[UpstreamServer]:
+        seeds = list(range(count)) if seeds is None else list(seeds)
+        if len(seeds) != count:
+            raise ValueError(f"{count} servers but {len(seeds)} seeds")
+        folders = [build_tiny_chat_model(tmp_path_factory.mktemp(f"chat-model-{seed}"), seed) for seed in seeds]
+        servers = start_upstreams(folders, log_dir=tmp_path_factory.mktemp("upstream-logs"))
+        started.extend(servers)
+        return servers
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def down_upstream_url() -> Iterator[str]:
+    """The base URL of an upstream that refuses connections."""
+    with down_upstream() as url:
+        yield url
+
+
+@pytest.fixture
+def stalled_upstream_url() -> Iterator[str]:
+    """The base URL of an upstream that accepts connections and never answers."""
+    with stalled_upstream() as url:
+        yield url
