@@ -238,6 +238,28 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def call_record(
+    agent: str,
+    correct: bool,
+    cost_usd: float | None = None,
+    latency_ms: float = 1000.0,
+    prompt_tokens: int = 10,
+    completion_tokens: int = 10,
+) -> dict:
+    """One raw call in the pilot's format (rewards.v1-pilot.jsonl); a cost of None is left out."""
+    record = {"agent": agent, "correct": correct, "latency_ms": latency_ms, "prompt_tokens": prompt_tokens}
+    record["completion_tokens"] = completion_tokens
+    if cost_usd is not None:
+        record["cost_usd"] = cost_usd
+    return record
+
+
+def calls_row(task_id: str, agents: list[str], calls: list[dict]) -> dict:
+    """One task's raw calls in the pilot's format, its mean_reward the share of each agent's calls graded correct."""
+    mean = [float(np.mean([c["correct"] for c in calls if c["agent"] == agent])) for agent in agents]
+    return {"task_id": task_id, "agent_order": list(agents), "mean_reward": mean, "calls": calls}
+
+
 def synthetic_rows(count: int = 14, seed: int = 0) -> tuple[list[dict], list[dict]]:
     """(reward rows, task rows) in the pilot schemas; the last 4 tasks are in the 'test' split."""
     rng = np.random.default_rng(seed)

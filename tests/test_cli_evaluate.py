@@ -10,7 +10,18 @@ import numpy as np
 import pytest
 
 from benchgen_router import frontier as fr
-from helpers import AGENTS, NO_PILOT, PILOT, cli, make_queries, run_tool, synthetic_rows, write_jsonl
+from helpers import (
+    AGENTS,
+    NO_PILOT,
+    PILOT,
+    call_record,
+    calls_row,
+    cli,
+    make_queries,
+    run_tool,
+    synthetic_rows,
+    write_jsonl,
+)
 
 
 @pytest.fixture(scope="module")
@@ -174,22 +185,20 @@ def cost_rows(count: int = 14, seed: int = 5) -> tuple[list[dict], list[dict], l
     calls = []
     for row in rewards:
         correct = rng.integers(0, 4, size=len(AGENTS))
-        row["mean_reward"] = [int(k) / 3 for k in correct]
         made = [
-            {
-                "agent": agent,
-                "correct": bool(n < k),
-                "cost_usd": float(COST_LEVEL[agent] * rng.uniform(0.5, 1.5)),
-                "latency_ms": float(LATENCY_LEVEL[agent] * rng.uniform(0.5, 1.5)),
-                "prompt_tokens": int(rng.integers(50, 500)),
-                "completion_tokens": int(rng.integers(10, 2000)),
-            }
+            call_record(
+                agent,
+                bool(n < k),
+                float(COST_LEVEL[agent] * rng.uniform(0.5, 1.5)),
+                float(LATENCY_LEVEL[agent] * rng.uniform(0.5, 1.5)),
+                int(rng.integers(50, 500)),
+                int(rng.integers(10, 2000)),
+            )
             for agent, k in zip(AGENTS, correct, strict=True)
             for n in range(3)
         ]
-        calls.append(
-            {"task_id": row["task_id"], "agent_order": AGENTS, "mean_reward": row["mean_reward"], "calls": made}
-        )
+        calls.append(calls_row(row["task_id"], AGENTS, made))
+        row["mean_reward"] = calls[-1]["mean_reward"]
     return rewards, tasks, calls
 
 

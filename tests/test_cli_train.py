@@ -14,7 +14,18 @@ from benchgen_router.data import join_rewards
 from benchgen_router.head import head_picks
 from benchgen_router.loading import load_router
 from benchgen_router.routing import run_router
-from helpers import AGENTS, NO_PILOT, PILOT, cli, pilot_data, run_tool, synthetic_rows, write_jsonl
+from helpers import (
+    AGENTS,
+    NO_PILOT,
+    PILOT,
+    call_record,
+    calls_row,
+    cli,
+    pilot_data,
+    run_tool,
+    synthetic_rows,
+    write_jsonl,
+)
 
 # docs/reference.md, "manifest.json": the keys the reference trainer writes (literally, not the package's list).
 REFERENCE_KEYS = {
@@ -425,30 +436,12 @@ def value_rows(count: int = 20, seed: int = 3) -> tuple[list[dict], list[dict], 
     calls = []
     for row in rewards:
         correct = [
-            1.0
-            if agent in ("frontier_a", "open_cheap_reasoning")
-            else float(rng.integers(0, 2) * (agent != "open_mid"))
+            agent in ("frontier_a", "open_cheap_reasoning") or bool(rng.integers(0, 2) * (agent != "open_mid"))
             for agent in AGENTS
         ]
-        row["mean_reward"] = correct
-        calls.append(
-            {
-                "task_id": row["task_id"],
-                "agent_order": list(AGENTS),
-                "mean_reward": correct,
-                "calls": [
-                    {
-                        "agent": a,
-                        "correct": bool(c),
-                        "cost_usd": prices[a],
-                        "latency_ms": 1000.0,
-                        "prompt_tokens": 10,
-                        "completion_tokens": 10,
-                    }
-                    for a, c in zip(AGENTS, correct, strict=True)
-                ],
-            }
-        )
+        records = [call_record(agent, ok, prices[agent]) for agent, ok in zip(AGENTS, correct, strict=True)]
+        calls.append(calls_row(row["task_id"], AGENTS, records))
+        row["mean_reward"] = calls[-1]["mean_reward"]
     return rewards, tasks, calls
 
 

@@ -21,7 +21,7 @@ from benchgen_router.costs import (
     utility_matrix,
 )
 from benchgen_router.errors import InputError
-from helpers import PILOT
+from helpers import PILOT, call_record
 
 AGENTS = ["big", "small"]
 POOL = [
@@ -33,12 +33,8 @@ needs_pilot = pytest.mark.skipif(
 )
 
 
-def call(agent: str, correct: bool, cost: float | None, latency_ms: float, prompt: int = 100, completion: int = 50):
-    row = {"agent": agent, "correct": correct, "latency_ms": latency_ms, "prompt_tokens": prompt}
-    row["completion_tokens"] = completion
-    if cost is not None:
-        row["cost_usd"] = cost
-    return row
+def call(agent: str, correct: bool, cost: float, latency_ms: float) -> dict:
+    return call_record(agent, correct, cost, latency_ms, prompt_tokens=100, completion_tokens=50)
 
 
 def raw_rows() -> list[dict]:

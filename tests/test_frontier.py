@@ -340,24 +340,19 @@ def test_pilot_baselines_in_the_cv_match_the_data():
 
 def _pilot_like_files(folder, rows: int = 12):
     """rewards, tasks and raw calls files in the pilot schemas for two agents."""
-    from helpers import make_queries
+    from helpers import call_record, calls_row, make_queries
 
     agents = ["big", "small"]
     rewards, tasks, calls = [], [], []
     for i, prompt in enumerate(make_queries(rows, seed=1)):
         correct = [True, i % 3 != 0]
-        row = {"task_id": f"t{i}", "agent_order": agents, "mean_reward": [float(c) for c in correct]}
-        rewards.append(row)
+        records = [
+            call_record(agent, ok, price, wait)
+            for agent, ok, price, wait in zip(agents, correct, (2e-4, 2e-5), (9000, 1000), strict=True)
+        ]
+        calls.append(calls_row(f"t{i}", agents, records))
+        rewards.append({key: calls[-1][key] for key in ("task_id", "agent_order", "mean_reward")})
         tasks.append({"task_id": f"t{i}", "prompt": prompt, "split": "train"})
-        calls.append(
-            {
-                **row,
-                "calls": [
-                    {"agent": agent, "correct": ok, "cost_usd": price, "latency_ms": wait}
-                    for agent, ok, price, wait in zip(agents, correct, (2e-4, 2e-5), (9000, 1000), strict=True)
-                ],
-            }
-        )
     paths = []
     for name, content in (("rewards.jsonl", rewards), ("tasks.jsonl", tasks), ("calls.jsonl", calls)):
         path = folder / name
