@@ -84,6 +84,7 @@ def build_tiny_chat_model(folder: Path, seed: int = 0) -> Path:
         pad_token="<pad>",
         eos_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        model_input_names=["input_ids", "attention_mask"],  # a causal LM takes no token_type_ids (4.x adds them)
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
