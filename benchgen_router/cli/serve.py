@@ -3,6 +3,7 @@
     benchgen-router serve                                   # the committed default router on 127.0.0.1:8000
     benchgen-router serve --model ./router --replicas 2 --pool agents.json
     benchgen-router serve --model ./router-with-points --operating-point quality
+    benchgen-router serve --model ./router --pool agents-with-base-urls.json     # + the OpenAI-compatible gateway
     curl -s 127.0.0.1:8000/v1/route -d '{"queries": ["What is the derivative of x^3 + 2x?"]}'
 
 Starts a local Ray (or joins --address) and deploys an HTTP ingress in front of the router
@@ -16,6 +17,13 @@ SIGTERM (exit 143) answers the requests in flight, then stops the Ray it started
 A router trained at several quality/cost/latency trade-offs routes each request at the
 "operating_point" it names ({"queries": [...], "operating_point": "fast"}), else at
 --operating-point, else at the router's own default; GET /v1/pool lists its points.
+
+When the pool file gives its agents a base_url (an OpenAI-compatible endpoint, with api_key_env naming
+the variable that holds its key), the service is also an OpenAI-compatible gateway: POST
+/v1/chat/completions with "model": "benchgen-router" (or "benchgen-router:POINT") routes the request and
+forwards it to the agent picked; an agent's id or slug as "model" goes straight to that agent. The answer
+is the agent's, with x-benchgen-* headers (agent, operating point, cost). GET /v1/models lists the names.
+A call that fails (timeout, connection, 429, 5xx) is retried once on --gateway-fallback, then answered 502.
 """
 
 from __future__ import annotations
@@ -49,7 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long an idle replica waits for more requests before a forward pass (default: 0: requests "
         "that queue while the model runs are merged anyway)",
     )
-    add("--pool", type=Path, metavar="agents.json", help="the pool's models and prices, served at /v1/pool")
+    add(
+        "--pool",
+        type=Path,
+        metavar="agents.json",
+        help="the pool's models and prices, served at /v1/pool; with a base_url per agent (or for the pool), the "
+        "OpenAI-compatible gateway too",
+    )
     add("--address", metavar="RAY", help="join this Ray cluster instead of starting a local Ray")
     add("--threads", type=positive_int, help="torch threads per replica (default: the CPUs each replica is given)")
     add("--max-queries", type=positive_int, default=256, help="queries per request at most (default: %(default)s)")
@@ -60,6 +74,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="for a router trained at several quality/cost/latency trade-offs: the point requests without "
         "one are routed at (names at GET /v1/pool; default: the router's own default)",
+    )
+    gateway = parser.add_argument_group("OpenAI-compatible gateway (a --pool whose agents have a base_url)")
+    gateway.add_argument(
+        "--route-on",
+        choices=["last-user", "conversation"],
+        default="last-user",
+        help="what the router scores: the last user message's text, or every user and assistant message's text "
+        "(default: %(default)s)",
+    )
+    gateway.add_argument(
+        "--gateway-fallback",
+        metavar="AGENT",
+        help="the agent a failed routed call is retried on (default: the router's fallback agent for the point, "
+        "else the router's next choice)",
+    )
+    gateway.add_argument(
+        "--gateway-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long an upstream may take to answer, and between two chunks of a stream (default: %(default)g)",
+    )
+    gateway.add_argument(
+        "--gateway-max-request-bytes",
+        type=positive_int,
+        default=16 << 20,
+        help="chat completion body size at most (default: 16 MiB)",
     )
 
 
@@ -98,5 +139,9 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         operating_point=args.operating_point,
         system_log_level="INFO" if args.verbose else "WARNING",
+        route_on=args.route_on,
+        gateway_fallback=args.gateway_fallback,
+        gateway_timeout_s=args.gateway_timeout,
+        gateway_max_request_bytes=args.gateway_max_request_bytes,
     )
     return 0

@@ -1,5 +1,6 @@
-"""The HTTP API (routes and statuses in docs/service.md): the ingress deployment, its schemas, its
-request checks, and the one place where errors become JSON answers.
+"""The HTTP API (routes and statuses in docs/service.md; the OpenAI-compatible gateway's in
+docs/gateway.md): the ingress deployment, its schemas, its request checks, and the one place where
+errors become JSON answers.
 
 The ingress never loads the model (no torch, no transformers), so it answers while the replicas
 load, and a stalled upload holds one of its cheap slots, never a replica's.
@@ -10,12 +11,13 @@ import asyncio
 import contextvars
 import json
 import logging
+import time
 from collections import Counter
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from ray import serve as ray_serve
 from ray.exceptions import RayError, RayTaskError
@@ -26,6 +28,22 @@ from starlette.requests import ClientDisconnect
 
 from benchgen_router.errors import InputError, RouterError, first_line
 from benchgen_router.files import text_problem
+from benchgen_router.serving.gateway import (
+    LARGE_BODY_BYTES,
+    Gateway,
+    GatewayError,
+    GatewaySettings,
+    Plan,
+    UpstreamStream,
+    model_entry,
+    model_names,
+    off_loop,
+    openai_error,
+    parse_chat_body,
+    parse_model,
+    routed_plan,
+    routing_text,
+)
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -137,7 +155,7 @@ def http_error(err: BaseException) -> tuple[int, str] | None:
     """(status, one line) for a failure the service answers on purpose; None for a bug (a 500)."""
     if isinstance(err, RayTaskError) and isinstance(err.cause, RouterError):
         err = err.cause  # raised inside a replica: Ray wraps it, and the wrapper's text is a traceback
-    if isinstance(err, RequestError):
+    if isinstance(err, RequestError | GatewayError):
         return err.status, str(err)
     if isinstance(err, RouterError):
         return LIBRARY_REFUSAL_STATUS, first_line(err)
@@ -163,10 +181,20 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def error_response(
+    request: Request | None, status: int, message: str, err: BaseException | None = None
+) -> JSONResponse:
+    """The one-line answer; on the gateway's routes, OpenAI's error shape, which its clients parse."""
+    if request is not None and getattr(request.state, "openai_errors", False):
+        body = openai_error(status, message, getattr(err, "code", None), getattr(err, "param", None))
+        return JSONResponse(body, status_code=status)
+    return JSONResponse({"error": message}, status_code=status)
+
+
 @api.exception_handler(StarletteHTTPException)
 async def _http_problem(request: Request, err: StarletteHTTPException) -> JSONResponse:
     hints = {404: f"no such endpoint: {request.url.path}; see /docs", 405: f"{request.method} is not allowed here"}
-    return JSONResponse({"error": hints.get(err.status_code, str(err.detail))}, status_code=err.status_code)
+    return error_response(request, err.status_code, hints.get(err.status_code, str(err.detail)))
 
 
 @api.exception_handler(RequestValidationError)
@@ -180,7 +208,7 @@ async def _invalid_request(request: Request, err: RequestValidationError) -> JSO
 @api.exception_handler(Exception)
 async def _unexpected(request: Request, err: Exception) -> JSONResponse:
     logger.exception("request failed")
-    return JSONResponse({"error": f"internal error ({type(err).__name__}: {first_line(err)})"}, status_code=500)
+    return error_response(request, 500, f"internal error ({type(err).__name__}: {first_line(err)})")
 
 
 # Every error of the package and every replica failure is answered here, through http_error. By
@@ -190,7 +218,7 @@ async def _router_error(request: Request, err: Exception) -> JSONResponse:
     if answer is None:
         return await _unexpected(request, err)
     status, message = answer
-    return JSONResponse({"error": message}, status_code=status)
+    return error_response(request, status, message, err)
 
 
 for _family in (RouterError, *REPLICA_FAILURES):
@@ -264,12 +292,21 @@ def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any]:
 @ray_serve.deployment(name=INGRESS_NAME)
 @ray_serve.ingress(api)
 class RouterIngress:
-    """The HTTP front: checks each request, then hands its queries to the router replicas in one call."""
+    """The HTTP front: checks each request, then hands its queries to the router replicas in one call;
+    with a pool of upstreams, also the OpenAI-compatible gateway in front of them."""
 
-    def __init__(self, router: DeploymentHandle, max_queries: int, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        router: DeploymentHandle,
+        max_queries: int,
+        max_request_bytes: int,
+        gateway: GatewaySettings | None = None,
+    ) -> None:
         from ray.serve.metrics import Counter as ServeCounter
 
         self.router = router
+        self.gateway = Gateway(gateway) if gateway is not None else None
+        self.created = int(time.time())  # the "created" of the models GET /v1/models lists
         self.max_queries = max_queries
         self.max_request_bytes = max_request_bytes
         self.described: asyncio.Task | None = None  # the replicas' description, asked for once
@@ -277,6 +314,11 @@ class RouterIngress:
         self.in_flight = 0  # /v1/route requests taken and not yet answered
         self.routed = ServeCounter(ROUTED_COUNTER, description="Queries routed, by picked agent.", tag_keys=("agent",))
         self.rejected = ServeCounter(REJECTED_COUNTER, description="Requests refused, by status.", tag_keys=("status",))
+
+    async def __del__(self) -> None:
+        # Ray Serve's ingress wrapper awaits this when the replica stops, after the app's lifespan shutdown.
+        if self.gateway is not None:
+            await self.gateway.close()
 
     async def description(self, wait_s: float | None) -> dict[str, Any]:
         # Asked once and shared; a 503 for as long as no replica has loaded the router (wait_s None: wait).
@@ -298,7 +340,8 @@ class RouterIngress:
 
     async def get_startup_problem(self) -> str | None:
         # For the driver, which stops the service with this line rather than serve 503s forever.
-        return (await self.description(None))["problem"]
+        problem = (await self.description(None))["problem"]
+        return problem or (self.gateway.key_problem() if self.gateway is not None else None)
 
     async def drain(self, timeout_s: float) -> int:
         # Called before the replicas stop, so that no request taken is left without them; returns how
@@ -334,12 +377,15 @@ class RouterIngress:
         try:
             return await self.route_counted(request)
         except Exception as err:  # counted here, answered by the error handler
-            refused = http_error(err)
-            if refused is not None:
-                self.rejected.inc(1, tags={"status": str(refused[0])})
+            self.count_refusal(err)
             raise
         finally:
             self.in_flight -= 1
+
+    def count_refusal(self, err: Exception) -> None:
+        refused = http_error(err)
+        if refused is not None:
+            self.rejected.inc(1, tags={"status": str(refused[0])})
 
     async def route_counted(self, request: Request) -> JSONResponse:
         described = await self.ready()
@@ -371,3 +417,96 @@ class RouterIngress:
     )
     async def healthz(self) -> dict[str, Any]:
         return {"status": "ok", "router": (await self.ready())["identity"]}
+
+    # -----------------------------------------------------------------------------------------
+    # The OpenAI-compatible gateway (docs/gateway.md)
+
+    def gateway_on(self, request: Request) -> Gateway:
+        request.state.openai_errors = True  # the error handler answers in OpenAI's shape
+        if self.gateway is None:
+            raise GatewayError(
+                404,
+                "this service's pool file names no upstreams, so it has no OpenAI-compatible gateway; give its "
+                "agents a base_url (see docs/gateway.md) and restart it with that --pool.",
+                code="gateway_not_configured",
+            )
+        return self.gateway
+
+    @api.post(
+        "/v1/chat/completions",
+        response_model=None,
+        summary="OpenAI chat completions: routed (model benchgen-router[:point]) or passed to the agent named",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["model", "messages"],
+                            "properties": {
+                                "model": {"type": "string", "examples": ["benchgen-router"]},
+                                "messages": {"type": "array", "items": {"type": "object"}},
+                                "stream": {"type": "boolean"},
+                            },
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def chat_completions(self, request: Request) -> Response:
+        self.in_flight += 1
+        response: Response | None = None
+        try:
+            response = await self.chat_counted(request)
+            return response
+        except Exception as err:  # counted here, answered by the error handler
+            self.count_refusal(err)
+            raise
+        finally:
+            if isinstance(response, UpstreamStream):
+                response.closing.append(self.stream_done)  # taken until the stream ends: drain() waits for it
+            else:
+                self.in_flight -= 1
+
+    def stream_done(self) -> None:
+        self.in_flight -= 1
+
+    async def chat_counted(self, request: Request) -> Response:
+        gateway = self.gateway_on(request)
+        described = await self.ready()
+        body = await read_body(request, gateway.settings.max_request_bytes)
+        big = len(body) > LARGE_BODY_BYTES
+        payload = await off_loop(big, parse_chat_body, body)
+        points = [point["name"] for point in described["points"] or ()]
+        target = parse_model(payload.get("model"), gateway.settings.upstreams, points)
+        if target.upstream is not None:
+            return await gateway.forward(payload, Plan(attempts=(target.upstream,), routed=False), big)
+        text = routing_text(payload.get("messages"), gateway.settings.route_on)
+        answer = await self.router.route.remote([text], target.point)
+        if "refused" in answer:  # e.g. text the router's tokenizer reduces to nothing
+            raise GatewayError(400, first_line(answer["refused"]), param="messages")
+        (result,) = answer["results"]
+        self.routed.inc(1, tags={"agent": result["picked_agent"]})
+        router_fallback = described["fallbacks"].get(result.get("operating_point"))
+        plan = routed_plan(result, gateway.settings.upstreams, gateway.settings.fallback_agent, router_fallback)
+        return await gateway.forward(payload, plan, big)
+
+    @api.get("/v1/models", summary="OpenAI's model list: the router, at each operating point, and each agent")
+    async def models(self, request: Request) -> dict[str, Any]:
+        self.gateway_on(request)
+        described = await self.ready()
+        return {"object": "list", "data": [model_entry(name, self.created) for name in self.model_names(described)]}
+
+    @api.get("/v1/models/{model:path}", summary="One model of GET /v1/models (an agent also by its slug)")
+    async def model(self, request: Request, model: str) -> dict[str, Any]:
+        gateway = self.gateway_on(request)
+        described = await self.ready()
+        if model in self.model_names(described) or gateway.settings.upstreams.resolve(model) is not None:
+            return model_entry(model, self.created)
+        raise GatewayError(404, f"the model {model!r} does not exist here; see GET /v1/models.", code="model_not_found")
+
+    def model_names(self, described: dict[str, Any]) -> list[str]:
+        points = [point["name"] for point in described["points"] or ()]
+        return model_names(points, [agent["id"] for agent in described["pool"]])

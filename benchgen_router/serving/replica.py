@@ -173,6 +173,7 @@ class RouterReplica:
         self.pool: list[dict[str, Any]] = []
         self.default_point: str | None = None
         self.points: list[dict[str, Any]] | None = None
+        self.fallbacks: dict[str | None, str | None] = {}  # point (None: single head) -> its fallback agent
         self.identity: dict[str, str | None] = {"name": "default" if model is None else str(model), "revision": None}
         try:
             self.router, self.tokenizer = load_router(model, revision=revision, backbone=backbone)
@@ -184,14 +185,22 @@ class RouterReplica:
             self.problem = str(err)
             return
         self.points = operating_points_of(self.router.config, self.default_point)
+        config = self.router.config
+        self.fallbacks = {point: config.fallback_agent(point) for point in config.operating_points or [None]}
         self.pool, self.problem = pool_for_router(self.router.config.agent_order, pool)
         self.merger = BatchMerger(
             functools.partial(route_items, self.router, self.tokenizer), self.executor, max_batch_size, batch_wait_s
         )
 
     async def describe(self) -> dict[str, Any]:
-        # All the ingress needs to answer /healthz and /v1/pool without asking again.
-        return {"problem": self.problem, "identity": self.identity, "pool": self.pool, "points": self.points}
+        # All the ingress needs to answer /healthz, /v1/pool and the gateway without asking again.
+        return {
+            "problem": self.problem,
+            "identity": self.identity,
+            "pool": self.pool,
+            "points": self.points,
+            "fallbacks": self.fallbacks,
+        }
 
     async def route(self, queries: list[str], asked_point: Any) -> dict[str, Any]:
         # A refusal is returned, not raised: raised, Ray Serve would log a traceback and count a failed

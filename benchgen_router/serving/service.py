@@ -19,15 +19,19 @@ from typing import Any
 import ray
 from ray import serve as ray_serve
 
-from benchgen_router.costs import read_pool_file
-from benchgen_router.errors import InputError, Terminated, first_line
+from benchgen_router.costs import read_pool_file, read_pool_rows
+from benchgen_router.errors import InputError, Terminated, first_line, setting_error
 from benchgen_router.serving.app import (
     DEFAULT_MAX_QUERIES,
     DEFAULT_MAX_REQUEST_BYTES,
     INGRESS_MAX_ONGOING,
     RouterIngress,
 )
+from benchgen_router.serving.gateway import DEFAULT_MAX_REQUEST_BYTES as GATEWAY_MAX_REQUEST_BYTES
+from benchgen_router.serving.gateway import DEFAULT_TIMEOUT_S as GATEWAY_TIMEOUT_S
+from benchgen_router.serving.gateway import GatewaySettings, check_gateway_settings, names_upstreams
 from benchgen_router.serving.replica import DEFAULT_REPLICA_CPUS, RouterReplica
+from benchgen_router.upstreams import read_upstream_pool
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -182,6 +186,41 @@ def check_router_point(model: str | None, revision: str | None, operating_point:
         raise InputError(first_line(err)) from None
 
 
+def router_agents(model: str | None, revision: str | None) -> list[str] | None:
+    """The router's agents, from its config.json, so that the pool's upstreams are checked against them
+    before Ray starts; None for a config.json only the cluster's nodes can read (the replicas check)."""
+    from benchgen_router.loading import declared_config
+    from benchgen_router.model_code import default_router_dir
+
+    try:
+        declared = declared_config(str(default_router_dir() if model is None else model), revision)
+    except InputError:
+        return None
+    labels = declared.get("id2label") or {}
+    return [labels[key] for key in sorted(labels, key=int)]
+
+
+def read_gateway(
+    pool_file: str | os.PathLike | None,
+    model: str | None,
+    revision: str | None,
+    route_on: str = "last-user",
+    gateway_fallback: str | None = None,
+    gateway_timeout_s: float = GATEWAY_TIMEOUT_S,
+    gateway_max_request_bytes: int = GATEWAY_MAX_REQUEST_BYTES,
+) -> GatewaySettings | None:
+    """The gateway's settings when the pool file names upstreams, every problem of the file at once (one
+    line each); None when it names none: the service then has no gateway."""
+    if pool_file is None or not names_upstreams(read_pool_rows(pool_file)):
+        if gateway_fallback is not None:
+            raise setting_error("{gateway_fallback} needs a pool file whose agents have a base_url (docs/gateway.md).")
+        return None
+    upstreams = read_upstream_pool(pool_file, router_agents(model, revision))
+    check_gateway_settings(route_on, gateway_fallback, gateway_timeout_s, upstreams.agents)
+    check_positive("gateway_max_request_bytes", gateway_max_request_bytes)
+    return GatewaySettings(upstreams, route_on, gateway_fallback, float(gateway_timeout_s), gateway_max_request_bytes)
+
+
 def build_application(
     model: str | None = None,
     *,
@@ -196,6 +235,7 @@ def build_application(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     operating_point: str | None = None,
     access_log: bool = False,
+    gateway: GatewaySettings | None = None,
 ) -> Any:
     """The ingress bound to the router replicas: what serve() runs, and `serve run ...:app_builder` too."""
     routers = RouterReplica.options(
@@ -218,26 +258,30 @@ def build_application(
         # gets its 503 from the ingress.
         graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S + 5,
         logging_config={"enable_access_log": access_log},
-    ).bind(routers, max_queries, max_request_bytes)
+    ).bind(routers, max_queries, max_request_bytes, gateway=gateway)
 
 
 def app_builder(args: dict[str, str]) -> Any:
     """For `serve run benchgen_router.serving.service:app_builder key=value ...` (keys: docs/service.md)."""
-    integers = ("replicas", "cpus", "max_batch_size", "max_queries", "max_request_bytes")
-    known = {"model", "revision", "backbone", "pool", "operating_point", "batch_wait_ms", *integers}
+    integers = ("replicas", "cpus", "max_batch_size", "max_queries", "max_request_bytes", "gateway_max_request_bytes")
+    numbers = ("batch_wait_ms", "gateway_timeout_s")
+    gateway_keys = ("route_on", "gateway_fallback", "gateway_timeout_s", "gateway_max_request_bytes")
+    known = {"model", "revision", "backbone", "pool", "operating_point", *numbers, *integers, *gateway_keys}
     unknown = sorted(set(args) - known)
     if unknown:
         raise InputError(f"unknown argument(s) {', '.join(unknown)}; pass some of {', '.join(sorted(known))}.")
     settings: dict[str, Any] = {key: value for key, value in args.items() if key not in ("model", "pool")}
     for key in settings:
-        if key in integers or key == "batch_wait_ms":
+        if key in integers or key in numbers:
             try:
                 settings[key] = int(settings[key]) if key in integers else float(settings[key])
             except ValueError:
                 raise InputError(f"{key} must be a number, got {settings[key]!r}.") from None
             check_positive(key, settings[key], integer=key in integers)
+    gateway_settings = {key: settings.pop(key) for key in gateway_keys if key in settings}
     pool = read_pool_file(args["pool"]) if "pool" in args else None
-    return build_application(args.get("model"), pool=pool, **settings)
+    gateway = read_gateway(args.get("pool"), args.get("model"), args.get("revision"), **gateway_settings)
+    return build_application(args.get("model"), pool=pool, gateway=gateway, **settings)
 
 
 def check_positive(name: str, value: float, integer: bool = True) -> None:
@@ -267,6 +311,10 @@ def serve(
     access_log: bool = False,
     operating_point: str | None = None,
     system_log_level: str = "WARNING",
+    route_on: str = "last-user",
+    gateway_fallback: str | None = None,
+    gateway_timeout_s: float = GATEWAY_TIMEOUT_S,
+    gateway_max_request_bytes: int = GATEWAY_MAX_REQUEST_BYTES,
 ) -> RunningService | None:
     """Serve the router over HTTP on host:port (arguments and lifecycle: docs/service.md). Settings are
     checked before Ray starts, so that a mistake is one InputError line in a second, not a minute."""
@@ -274,6 +322,9 @@ def serve(
     check_service_settings(replicas, max_batch_size, cpus, max_queries, max_request_bytes, batch_wait_ms, ray_cpus)
     check_router_point(model, revision, operating_point)
     pool = read_pool_file(pool_file) if pool_file is not None else None
+    gateway = read_gateway(
+        pool_file, model, revision, route_on, gateway_fallback, gateway_timeout_s, gateway_max_request_bytes
+    )
     local = not address and not ray.is_initialized()
     if local:
         metrics_port = check_local_machine(host, port, replicas * cpus, ray_cpus, metrics_port)
@@ -290,6 +341,7 @@ def serve(
         max_request_bytes=max_request_bytes,
         operating_point=operating_point,
         access_log=access_log,
+        gateway=gateway,
     )
     plan = ServicePlan(
         router="the default router" if model is None else model,
@@ -302,6 +354,7 @@ def serve(
         access_log=access_log,
         replicas=replicas,
         cpus=cpus,
+        gateway_agents=len(gateway.upstreams.agents) if gateway is not None else 0,
     )
     return run_service(application, plan, blocking)
 
@@ -320,6 +373,7 @@ class ServicePlan:
     access_log: bool
     replicas: int
     cpus: int  # per replica
+    gateway_agents: int = 0  # agents with an upstream: the OpenAI-compatible gateway is on
 
 
 def check_service_settings(
@@ -433,3 +487,5 @@ def log_started(service: RunningService, plan: ServicePlan) -> None:
         plan.cpus,
         "s" * (plan.cpus != 1),
     )
+    if plan.gateway_agents:
+        logger.info("OpenAI-compatible gateway at %s/v1 in front of %d agents", service.url, plan.gateway_agents)

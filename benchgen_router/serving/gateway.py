@@ -1,0 +1,510 @@
+"""The OpenAI-compatible gateway (docs/gateway.md): which agent a chat completion goes to, the call
+to that agent's upstream, and the answer with the decision in its headers.
+
+    {"model": "benchgen-router", "messages": [...]}        routed at the service's default operating point
+    {"model": "benchgen-router:fast", "messages": [...]}   routed at the operating point "fast"
+    {"model": "<agent id or slug>", "messages": [...]}     passed straight to that agent, unrouted
+
+The routes themselves are the ingress's (serving/app.py). Nothing here imports torch: it runs there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+from ray.exceptions import TaskCancelledError
+from ray.serve.metrics import Counter, Histogram
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from benchgen_router.errors import InputError, setting_error
+from benchgen_router.files import text_problem
+from benchgen_router.upstreams import Upstream, UpstreamPool
+
+logger = logging.getLogger("benchgen_router.serving")
+
+ROUTER_MODEL = "benchgen-router"
+ROUTE_ON = ("last-user", "conversation")
+DEFAULT_TIMEOUT_S = 120.0
+# A refused or unreachable host is known within a few seconds; the rest of the timeout is for the answer.
+CONNECT_TIMEOUT_S = 10.0
+# Chat bodies carry whole conversations and base64 images: far more than a /v1/route body.
+DEFAULT_MAX_REQUEST_BYTES = 16 << 20
+# The router reads at most its truncation length (512 tokens for the bundled one) from the start of
+# the text; longer text would only cost tokenizing in the replica, beside every query of its batch.
+ROUTING_TEXT_MAX_CHARS = 65536
+# Bodies past this size are parsed and written in a thread: tens of milliseconds of JSON on the event
+# loop would stall every stream this ingress relays.
+LARGE_BODY_BYTES = 1 << 20
+# Idle upstream connections kept open: a burst of calls to an HTTPS upstream then skips new handshakes.
+KEEPALIVE_CONNECTIONS = 256
+# A stream's line longer than this is no usage event; dropped rather than buffered.
+MAX_EVENT_BYTES = 1 << 20
+# The upstream's headers a client may use; the rest (its server, cookies, lengths) stay behind.
+PASSED_HEADERS = ("content-type", "retry-after", "x-request-id", "openai-processing-ms")
+PASSED_HEADER_PREFIXES = ("x-ratelimit-",)
+LATENCY_BUCKETS_S = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
+
+
+class GatewayError(InputError):
+    """A chat completion the gateway refuses or could not get answered: its HTTP status, and the `code`
+    and `param` of OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.param = status, code, param
+
+    def __reduce__(self) -> tuple[type, tuple[int, str, str | None, str | None]]:
+        return type(self), (self.status, str(self), self.code, self.param)
+
+
+def openai_error(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error body, which its clients parse into their exceptions."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """What the ingress needs to forward chat completions; sent to it with the application."""
+
+    upstreams: UpstreamPool
+    route_on: str = "last-user"  # or "conversation": what the router scores (routing_text)
+    fallback_agent: str | None = None  # None: the router's fallback for the point, else the head's next choice
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+
+def names_upstreams(document: Any) -> bool:
+    """Whether a pool file (parsed) names upstreams: a base_url for the pool or for any agent."""
+    if isinstance(document, dict):
+        if "base_url" in document:
+            return True
+        document = document.get("agents")
+    return isinstance(document, list) and any(isinstance(row, dict) and "base_url" in row for row in document)
+
+
+def check_gateway_settings(route_on: str, fallback_agent: str | None, timeout_s: float, agents: Sequence[str]) -> None:
+    if route_on not in ROUTE_ON:
+        raise setting_error(f"{{route_on}} must be one of {', '.join(ROUTE_ON)}, got {route_on!r}.")
+    if fallback_agent is not None and fallback_agent not in agents:
+        raise setting_error(
+            f"{{gateway_fallback={fallback_agent}}} is not an agent of the pool; pass one of {', '.join(agents)}."
+        )
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+        raise setting_error(
+            f"{{gateway_timeout_s}} must be a number of seconds > 0, got {timeout_s!r}.",
+            {"gateway_timeout_s": "--gateway-timeout"},
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# What a request asks for
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model name resolved: an agent to call as asked (pass-through), or routing at `point`
+    (None: the service's default point)."""
+
+    upstream: Upstream | None = None
+    point: str | None = None
+
+
+def parse_model(name: Any, upstreams: UpstreamPool, points: Sequence[str]) -> Target:
+    if not isinstance(name, str) or not name:
+        raise GatewayError(
+            400, f'the body names no "model"; send "{ROUTER_MODEL}" to route, or an agent id.', param="model"
+        )
+    if name == ROUTER_MODEL:
+        return Target()
+    if name.startswith(f"{ROUTER_MODEL}:"):
+        point = name.split(":", 1)[1]
+        if point not in points:
+            choices = (
+                f"send one of {', '.join(f'{ROUTER_MODEL}:{p}' for p in points)}"
+                if points
+                else f'this router has a single head: send "{ROUTER_MODEL}"'
+            )
+            raise GatewayError(
+                400, f"model {name!r}: {point!r} is not an operating point of this router; {choices}.", param="model"
+            )
+        return Target(point=point)
+    upstream = upstreams.resolve(name)
+    if upstream is None:
+        raise GatewayError(
+            404,
+            f"the model {name!r} does not exist here; send {ROUTER_MODEL}, {ROUTER_MODEL}:<operating point> or an "
+            "agent of GET /v1/models.",
+            code="model_not_found",
+            param="model",
+        )
+    return Target(upstream=upstream)
+
+
+def content_text(content: Any) -> str:
+    """A message's text: a string content, or the `text` parts of a list of parts (images and audio
+    carry none)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def routing_text(messages: Any, route_on: str) -> str:
+    """What the router scores: the last user message with text ("last-user"), or every user and
+    assistant message's text in order ("conversation"). No user text at all is a 400."""
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, '"messages" must be a non-empty list of chat messages.', param="messages")
+    roles = ("user",) if route_on == "last-user" else ("user", "assistant")
+    texts = [
+        (message["role"], content_text(message.get("content")))
+        for message in messages
+        if isinstance(message, dict) and message.get("role") in roles
+    ]
+    texts = [(role, text) for role, text in texts if text.strip()]
+    if not any(role == "user" for role, _ in texts):
+        raise GatewayError(400, "the messages hold no user text for the router to score.", param="messages")
+    text = texts[-1][1] if route_on == "last-user" else "\n\n".join(text for _, text in texts)
+    text = text[:ROUTING_TEXT_MAX_CHARS]
+    problem = text_problem(text, "the text to route on")
+    if problem:
+        raise GatewayError(400, f"{problem}; a router cannot score it.", param="messages")
+    return text
+
+
+def parse_chat_body(body: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        raise GatewayError(400, "the body is not valid JSON; send an OpenAI chat completion request.") from None
+    if not isinstance(payload, dict):
+        raise GatewayError(400, f"the body is a JSON {type(payload).__name__}, not an object.")
+    return payload
+
+
+async def off_loop(big: bool, function: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.to_thread(function, *args) if big else function(*args)
+
+
+def model_names(points: Sequence[str], agents: Sequence[str]) -> list[str]:
+    """What GET /v1/models lists: the router at its default point and at each point, then each agent."""
+    return [ROUTER_MODEL, *(f"{ROUTER_MODEL}:{point}" for point in points), *agents]
+
+
+def model_entry(name: str, created: int) -> dict[str, Any]:
+    owner = ROUTER_MODEL if name.split(":", 1)[0] == ROUTER_MODEL else "pool"
+    return {"id": name, "object": "model", "created": created, "owned_by": owner}
+
+
+# ---------------------------------------------------------------------------------------------
+# Which agents a call tries, and what its answer says
+
+
+def retry_agent(result: Mapping[str, Any], configured: str | None, router_fallback: str | None) -> str | None:
+    """The agent a failed routed call is retried on: the configured fallback, else the router's fallback
+    agent for the point, else the head's next choice; never the agent that just failed."""
+    picked = result["picked_agent"]
+    for agent in (configured, router_fallback):
+        if agent is not None and agent != picked:
+            return agent
+    scores = result["probabilities"]
+    return next((agent for agent in sorted(scores, key=scores.get, reverse=True) if agent != picked), None)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A chat completion's calls: the agents to try, in order, and the headers that tell the decision."""
+
+    attempts: tuple[Upstream, ...]
+    routed: bool
+    decision: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "routed" if self.routed else "passthrough"
+
+    def headers(self, answered: Upstream) -> dict[str, str]:
+        headers = {"x-benchgen-agent": answered.agent, "x-benchgen-routed": str(self.routed).lower(), **self.decision}
+        if answered is not self.attempts[0]:
+            headers["x-benchgen-retried-from"] = self.attempts[0].agent
+        return headers
+
+
+def routed_plan(
+    result: Mapping[str, Any], upstreams: UpstreamPool, configured: str | None, router_fallback: str | None
+) -> Plan:
+    picked = upstreams.upstreams[result["picked_agent"]]
+    retry = retry_agent(result, configured, router_fallback)
+    decision = {"x-benchgen-out-of-distribution": "true" if result.get("out_of_distribution") else "false"}
+    if result.get("operating_point") is not None:
+        decision["x-benchgen-operating-point"] = result["operating_point"]
+    attempts = (picked,) if retry is None else (picked, upstreams.upstreams[retry])
+    return Plan(attempts=attempts, routed=True, decision=decision)
+
+
+def cost_headers(upstream: Upstream, usage: Mapping[str, Any] | None) -> dict[str, str]:
+    """x-benchgen-cost-usd: the upstream's billed usage.cost, else its tokens at the pool's prices;
+    absent when neither is known."""
+    cost = upstream.cost_usd(usage)
+    return {} if cost is None else {"x-benchgen-cost-usd": f"{cost:.10f}"}
+
+
+def body_usage(content: bytes) -> dict[str, Any] | None:
+    try:
+        payload = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def passed_headers(reply: httpx.Response) -> dict[str, str]:
+    return {
+        name: value
+        for name, value in reply.headers.items()
+        if name in PASSED_HEADERS or name.startswith(PASSED_HEADER_PREFIXES)
+    }
+
+
+def retryable(status: int) -> bool:
+    return status == 429 or status >= 500
+
+
+def failure_reason(err: httpx.HTTPError, timeout_s: float) -> tuple[str, str]:
+    """(metric tag, words for the answer): the error's class, never its text, which may quote the request."""
+    if isinstance(err, httpx.TimeoutException):
+        return "timeout", f"no answer within {timeout_s:g} s ({type(err).__name__})"
+    if isinstance(err, httpx.ConnectError):
+        return "connect", "connection failed (ConnectError)"
+    return "transport", f"the connection failed ({type(err).__name__})"
+
+
+class StreamUsage:
+    """The last `usage` a stream's data events carried, read as the bytes pass through. OpenAI sends it
+    in a final chunk when asked (stream_options.include_usage); transformers serve always does."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()
+        if len(self.pending) > MAX_EVENT_BYTES:
+            self.pending = b""
+        for line in lines:
+            self.read_line(line)
+
+    def finish(self) -> None:
+        self.read_line(self.pending)
+        self.pending = b""
+
+    def read_line(self, line: bytes) -> None:
+        if line.startswith(b"data:") and b'"usage"' in line:
+            usage = body_usage(line[5:])
+            if usage is not None:
+                self.usage = usage
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics and the calls
+
+
+class GatewayMetrics:
+    """Prometheus metrics of the gateway, per agent (Ray Serve adds the deployment and replica tags)."""
+
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "benchgen_router_gateway_requests",
+            description="Chat completions answered, by agent, kind (routed, passthrough) and status class.",
+            tag_keys=("agent", "kind", "status"),
+        )
+        self.prompt_tokens = Counter(
+            "benchgen_router_gateway_prompt_tokens", description="Prompt tokens, by agent.", tag_keys=("agent",)
+        )
+        self.completion_tokens = Counter(
+            "benchgen_router_gateway_completion_tokens", description="Completion tokens, by agent.", tag_keys=("agent",)
+        )
+        self.cost = Counter(
+            "benchgen_router_gateway_cost_usd", description="Cost of the calls in USD, by agent.", tag_keys=("agent",)
+        )
+        self.failures = Counter(
+            "benchgen_router_gateway_upstream_failures",
+            description="Upstream calls that failed (timeout, connect, transport, 429, 5xx), by agent and reason.",
+            tag_keys=("agent", "reason"),
+        )
+        self.latency = Histogram(
+            "benchgen_router_gateway_upstream_latency_seconds",
+            description="From the call to the upstream's last byte, by agent and stream (true, false).",
+            boundaries=LATENCY_BUCKETS_S,
+            tag_keys=("agent", "stream"),
+        )
+
+    def answered(self, plan: Plan, agent: str, status: int) -> None:
+        self.requests.inc(1, tags={"agent": agent, "kind": plan.kind, "status": f"{status // 100}xx"})
+
+    def finished(self, upstream: Upstream, usage: Mapping[str, Any] | None, seconds: float, stream: bool) -> None:
+        tags = {"agent": upstream.agent}
+        self.latency.observe(seconds, tags={**tags, "stream": str(stream).lower()})
+        if usage is None:
+            return
+        for counter, key in ((self.prompt_tokens, "prompt_tokens"), (self.completion_tokens, "completion_tokens")):
+            tokens = usage.get(key)
+            if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+                counter.inc(tokens, tags=tags)
+        cost = upstream.cost_usd(usage)
+        if cost:
+            self.cost.inc(cost, tags=tags)
+
+
+class Gateway:
+    """One per ingress replica: the settings, the metrics, and one HTTP client that every call shares."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.metrics = GatewayMetrics()
+        self.http: httpx.AsyncClient | None = None
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # else a log line per upstream call
+
+    def key_problem(self, environ: Mapping[str, str] = os.environ) -> str | None:
+        """Why this process cannot call the upstreams: a key variable the driver had and it lacks."""
+        upstreams = self.settings.upstreams.upstreams.values()
+        missing = sorted({up.api_key_env for up in upstreams if up.api_key_env and not environ.get(up.api_key_env)})
+        if not missing:
+            return None
+        return (
+            f"the gateway's process has no {', '.join(missing)} (api_key_env of the pool file); set it where the "
+            "service runs (on a Ray cluster, on every node)."
+        )
+
+    def client(self) -> httpx.AsyncClient:
+        # Made on the first call, in the event loop that the requests run in.
+        if self.http is None:
+            timeout_s = self.settings.timeout_s
+            self.http = httpx.AsyncClient(
+                timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S)),
+                # No cap on connections: the ingress's request slots bound them already.
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS),
+            )
+        return self.http
+
+    async def close(self) -> None:
+        if self.http is not None:
+            http, self.http = self.http, None
+            await http.aclose()
+
+    async def forward(self, payload: dict[str, Any], plan: Plan, big: bool) -> Response:
+        """The first answer of the plan's agents that is neither a failure nor a 429/5xx: a JSON answer
+        whole, a stream as it comes (UpstreamStream). When every agent fails, a 502."""
+        stream = payload.get("stream") is True
+        failures: list[str] = []
+        for upstream in plan.attempts:
+            body = await off_loop(big, encode_body, payload, upstream.model)
+            started = time.perf_counter()
+            try:
+                reply = await self.call(upstream, body, stream)
+            except httpx.HTTPError as err:
+                failures.append(self.failed(upstream, *failure_reason(err, self.settings.timeout_s)))
+                continue
+            if retryable(reply.status_code):
+                failures.append(self.failed(upstream, str(reply.status_code), f"answered {reply.status_code}"))
+                continue
+            headers = {**passed_headers(reply), **plan.headers(upstream)}
+            self.metrics.answered(plan, upstream.agent, reply.status_code)
+            if stream and reply.is_success:
+                return UpstreamStream(reply, upstream, headers, self.metrics, started, self.settings.timeout_s)
+            usage = body_usage(reply.content) if reply.is_success else None
+            self.metrics.finished(upstream, usage, time.perf_counter() - started, stream=False)
+            return Response(
+                reply.content, status_code=reply.status_code, headers={**headers, **cost_headers(upstream, usage)}
+            )
+        self.metrics.answered(plan, plan.attempts[0].agent, 502)
+        raise GatewayError(502, f"no upstream answered: {'; '.join(failures)}.", code="upstream_error")
+
+    async def call(self, upstream: Upstream, body: bytes, stream: bool) -> httpx.Response:
+        """The upstream's answer: still open when it is a stream to relay, else read whole."""
+        headers = {"content-type": "application/json", **upstream.headers()}
+        request = self.client().build_request(
+            "POST", f"{upstream.base_url}/chat/completions", content=body, headers=headers
+        )
+        reply = await self.client().send(request, stream=True)
+        if stream and reply.is_success:
+            return reply
+        try:
+            await reply.aread()
+        finally:
+            await reply.aclose()
+        return reply
+
+    def failed(self, upstream: Upstream, reason: str, words: str) -> str:
+        self.metrics.failures.inc(1, tags={"agent": upstream.agent, "reason": reason})
+        logger.warning("gateway: agent %s at %s failed: %s", upstream.agent, upstream.base_url, words)
+        return f"agent '{upstream.agent}': {words}"
+
+
+def encode_body(payload: dict[str, Any], model: str) -> bytes:
+    """The request as the client sent it, but for `model`, the upstream's own name (in place: key order kept)."""
+    return json.dumps({**payload, "model": model}).encode()
+
+
+class UpstreamStream(StreamingResponse):
+    """An upstream's stream relayed chunk by chunk. However the relay ends (the stream is done, the upstream
+    fails, the client goes away and Ray Serve cancels the request), the upstream call is closed, its usage
+    counted, and each of `closing` called."""
+
+    def __init__(
+        self,
+        reply: httpx.Response,
+        upstream: Upstream,
+        headers: dict[str, str],
+        metrics: GatewayMetrics,
+        started: float,
+        timeout_s: float,
+    ) -> None:
+        self.reply, self.upstream, self.metrics = reply, upstream, metrics
+        self.started, self.timeout_s = started, timeout_s
+        self.usage = StreamUsage()
+        self.closing: list[Callable[[], None]] = []
+        super().__init__(self.relay(), status_code=reply.status_code, headers=headers)
+
+    async def relay(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.reply.aiter_bytes():
+                self.usage.feed(chunk)
+                yield chunk
+        except httpx.HTTPError as err:
+            # The status is sent: the failure can only be told in the stream, as OpenAI's clients read it.
+            _, words = failure_reason(err, self.timeout_s)
+            logger.warning("gateway: agent %s failed mid-stream: %s", self.upstream.agent, words)
+            error = openai_error(502, f"agent '{self.upstream.agent}' failed mid-stream: {words}.", "upstream_error")
+            yield f"data: {json.dumps(error)}\n\n".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except (TaskCancelledError, ClientDisconnect):
+            # The client went away mid-stream (Ray Serve cancels the request): no one is left to answer.
+            logger.debug("gateway: a client left the stream of agent %s", self.upstream.agent)
+        finally:
+            with anyio.CancelScope(shield=True):  # the request may be cancelled: the upstream is closed anyway
+                await self.reply.aclose()
+            self.usage.finish()
+            self.metrics.finished(self.upstream, self.usage.usage, time.perf_counter() - self.started, stream=True)
+            for done in self.closing:
+                done()
