@@ -11,7 +11,7 @@ import pytest
 
 from helpers import AGENTS, PROJECT_ROOT, cli, run_tool
 
-SUBCOMMANDS = ["route", "train", "evaluate", "convert", "bench", "serve"]
+SUBCOMMANDS = ["route", "train", "evaluate", "convert", "bench", "serve", "frontier", "collect"]
 
 
 def test_every_subcommand_has_help_with_the_exit_codes():

@@ -7,6 +7,7 @@
     benchgen-router bench --layers 4 --queries 16
     benchgen-router serve --model router/ --port 8000
     benchgen-router frontier --rewards rewards.jsonl --tasks tasks.jsonl --calls calls.jsonl
+    benchgen-router collect --tasks tasks.jsonl --pool agents.json --repetitions 3 --output calls.jsonl
 
 Arguments are checked before torch or transformers are imported, so bad usage is reported at once.
 """
@@ -29,6 +30,7 @@ COMMANDS = {
     "bench": "bench",
     "serve": "serve",
     "frontier": "frontier",
+    "collect": "collect",
 }
 
 

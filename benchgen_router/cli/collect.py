@@ -1,0 +1,147 @@
+"""benchgen-router collect: measure a pool on your own prompts, writing the data `train` retrains on.
+
+    benchgen-router collect --tasks tasks.jsonl --pool agents.json --repetitions 3 --output calls.jsonl
+    benchgen-router train --rewards calls.rewards.jsonl --tasks tasks.jsonl --calls calls.jsonl --pool agents.json ...
+
+Asks every agent of the pool (each with its base_url, model and api_key_env) every task's prompt
+--repetitions times, grades each answer with the task's grader and writes --output (per-call
+records, the pilot's rewards.v1-pilot.jsonl format, for train --calls) and --rewards-output (the
+rewards.jsonl format, for train --rewards; default <output stem>.rewards.jsonl). Every finished
+call is journaled at once in <output>.journal: after a crash, Ctrl-C or SIGTERM, --resume asks only
+what is missing. 429, 5xx, timeouts and connection errors are retried with backoff; a call that
+still fails is recorded with its error and counted as a wrong answer. --max-cost-usd stops
+launching calls before the journal's spend would pass it (exit 1: some calls not asked). Details:
+docs/collect.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from benchgen_router.cli.common import EXIT_CODES_HELP, EXIT_OK, EXIT_SKIPPED, non_negative_int, positive_int
+
+logger = logging.getLogger("benchgen_router")
+
+HELP = "measure a pool on your prompts: the calls and rewards files train reads"
+EXIT_HELP = EXIT_CODES_HELP.replace(
+    "1 some lines skipped, the rest done", "1 stopped at --max-cost-usd, the rest written"
+)
+
+
+def _amount(minimum_exclusive: bool) -> Callable[[str], float]:
+    wanted = "a number > 0" if minimum_exclusive else "a number >= 0"
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {value!r}") from None
+        if not math.isfinite(number) or number < 0 or (minimum_exclusive and number == 0):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {value}")
+        return number
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    summary, _, details = (__doc__ or "").partition("\n\n")
+    parser.description, parser.epilog = summary, details + "\n" + EXIT_HELP
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    data = parser.add_argument_group("what to ask")
+    data.add_argument(
+        "--tasks", required=True, type=Path, metavar="FILE", help="tasks JSONL: task_id, prompt, answer, grader, ..."
+    )
+    data.add_argument(
+        "--pool", required=True, type=Path, metavar="FILE", help="pool file (agents.json) with every agent's base_url"
+    )
+    data.add_argument(
+        "--repetitions", type=positive_int, metavar="N", default=3, help="calls per task and agent (default: 3)"
+    )
+    data.add_argument("--limit", type=positive_int, metavar="N", help="only the first N tasks")
+    data.add_argument("--max-tokens", type=positive_int, metavar="N", help="max_tokens sent upstream (default: none)")
+    data.add_argument(
+        "--pool-version",
+        metavar="NAME",
+        help="the pool_version the rows record (default: a digest of agents and models)",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--output", required=True, type=Path, metavar="FILE", help="the calls file (rewards.v1-pilot.jsonl format)"
+    )
+    out.add_argument(
+        "--rewards-output",
+        type=Path,
+        metavar="FILE",
+        help="the rewards file (rewards.jsonl format; default: <stem>.rewards.jsonl)",
+    )
+    out.add_argument(
+        "--resume", action="store_true", help="continue from <output>.journal, asking only what is missing"
+    )
+    out.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    calls = parser.add_argument_group("calls")
+    calls.add_argument(
+        "--concurrency", type=positive_int, metavar="N", default=4, help="calls in flight at once (default: 4)"
+    )
+    calls.add_argument(
+        "--max-cost-usd", type=_amount(False), metavar="USD", help="stop launching calls before the spend passes this"
+    )
+    calls.add_argument(
+        "--timeout-s",
+        type=_amount(True),
+        metavar="S",
+        default=600.0,
+        help="seconds an attempt may wait for its answer (default: 600)",
+    )
+    calls.add_argument(
+        "--retries",
+        type=non_negative_int,
+        metavar="N",
+        default=3,
+        help="retries of a 429, 5xx, timeout or lost connection (default: 3)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from benchgen_router.collect import STOPPED_AT_COST_CAP, CollectConfig, collect
+
+    config = CollectConfig(
+        tasks=args.tasks,
+        pool=args.pool,
+        output=args.output,
+        rewards_output=args.rewards_output,
+        repetitions=args.repetitions,
+        limit=args.limit,
+        concurrency=args.concurrency,
+        max_cost_usd=args.max_cost_usd,
+        resume=args.resume,
+        timeout_s=args.timeout_s,
+        max_tokens=args.max_tokens,
+        retries=args.retries,
+        pool_version=args.pool_version,
+        progress=not args.no_progress,
+    )
+    result = collect(config)
+    print(
+        f"collect: {result.made} calls made, {result.reused} reused, {result.failed} failed; "
+        f"{result.cost_usd:.4f} USD ({result.total_cost_usd:.4f} USD in the journal); "
+        f"{result.calls_per_s:.2f} calls/s over {result.seconds:.1f} s"
+    )
+    print(f"wrote {result.tasks_written} of {result.tasks} tasks to {result.output} and {result.rewards_output}")
+    if result.failed:
+        logger.warning(
+            "warning: %d calls failed after their retries; they are recorded with their error and count as wrong "
+            "answers (--verbose shows each)",
+            result.failed,
+        )
+    if result.stopped == STOPPED_AT_COST_CAP:
+        logger.warning(
+            "warning: stopped at --max-cost-usd %g: %d calls not asked; --resume with a higher cap asks them",
+            args.max_cost_usd,
+            result.cells - result.reused - result.made,
+        )
+        return EXIT_SKIPPED
+    return EXIT_OK

@@ -1,0 +1,33 @@
+"""Measuring a pool on your own prompts: the library behind `benchgen-router collect`.
+
+    from benchgen_router.collect import CollectConfig, collect
+    result = collect(CollectConfig(tasks=Path("tasks.jsonl"), pool=Path("agents.json"), output=Path("calls.jsonl")))
+    result.made, result.failed, result.cost_usd, result.calls_per_s
+
+collect() asks every agent of the pool every task's prompt `repetitions` times through the pool's
+OpenAI-compatible upstreams, grades each answer with the task's grader, journals every finished
+call as it finishes, and writes the two files `train` reads: the calls file (`--calls`, the format of
+the pilot's rewards.v1-pilot.jsonl) and the rewards file (`--rewards`, the format of rewards.jsonl).
+The formats: collect/formats.py; the journal and resuming: collect/journal.py; retries:
+collect/upstream.py; the whole story: docs/collect.md.
+"""
+
+from benchgen_router.collect.formats import Task, calls_row, pool_digest, read_tasks, rewards_row, tally
+from benchgen_router.collect.run import STOPPED_AT_COST_CAP, Asker, CollectConfig, CollectResult, collect
+from benchgen_router.collect.upstream import Answer, RetryPolicy
+
+__all__ = [
+    "STOPPED_AT_COST_CAP",
+    "Answer",
+    "Asker",
+    "CollectConfig",
+    "CollectResult",
+    "RetryPolicy",
+    "Task",
+    "calls_row",
+    "collect",
+    "pool_digest",
+    "read_tasks",
+    "rewards_row",
+    "tally",
+]

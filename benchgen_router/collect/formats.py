@@ -1,0 +1,214 @@
+"""The files collect writes, in the pilot's own formats, and the task rows it reads.
+
+- The calls file (`--output`) is `rewards.v1-pilot.jsonl`: one row per task with `agent_order`,
+  `best_agents`, `calls` (agent order, then repetition), `is_tie`, `mean_reward`, `pool_version`,
+  `repetitions`, `task_id`.
+- The rewards file (`--rewards-output`) is `rewards.jsonl`: the same task's `agent_order`,
+  `best_agents`, `is_tie`, `mean_reward`, `pool_version`, `repetitions` and `task_id`, with
+  `n_correct`, `n_empty`, `n_error` and the task's `split`, `domain`, `difficulty`, `task_group` and
+  `dataset` (its `source.dataset`).
+
+The definitions, checked against every pilot row: an agent's reward is the share of its calls graded
+correct (an empty answer or an error counts as a wrong answer); `best_agents` are the agents whose
+reward equals the highest, in agent order (all of them when every agent scores 0); `is_tie` is more
+than one best agent. Rows are written as the pilot's were: keys sorted, non-ASCII text as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from benchgen_router.errors import InputError
+from benchgen_router.files import read_jsonl, to_json
+from benchgen_router.graders import GRADERS, grade
+
+# The pilot's call fields (rewards.v1-pilot.jsonl), in its key order.
+CALL_FIELDS = (
+    "agent",
+    "completion_tokens",
+    "correct",
+    "cost_usd",
+    "empty",
+    "error",
+    "extracted",
+    "generation_id",
+    "latency_ms",
+    "prompt_tokens",
+    "raw_response",
+    "repetition",
+    "role",
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task to ask: what the agents are sent, how their answers are graded, and what the rewards
+    file copies from it."""
+
+    task_id: str
+    prompt: str
+    answer: str
+    grader: str
+    split: str | None = None
+    domain: str | None = None
+    difficulty: str | None = None
+    task_group: str | None = None
+    dataset: str | None = None
+
+    @property
+    def prompt_sha256(self) -> str:
+        return hashlib.sha256(self.prompt.encode("utf-8")).hexdigest()
+
+
+def dump_row(row: Mapping[str, Any]) -> str:
+    """One JSON line as the pilot files are written: keys sorted, non-ASCII kept, no NaN."""
+    return to_json(row, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _text(row: Mapping[str, Any], key: str) -> str | None:
+    value = row.get(key)
+    return None if value is None else str(value)
+
+
+def task_from_row(row: Mapping[str, Any], where: str) -> Task:
+    """A task row (tasks.v1.jsonl: task_id, prompt, answer, grader, ...) checked, or one line naming
+    what it lacks. A numeric answer is taken as written (70 is "70")."""
+    task_id = row.get("task_id")
+    if not isinstance(task_id, str) or not task_id:
+        raise InputError(f"{where} has no task_id; every task needs task_id, prompt, answer and grader.")
+    where = f"{where} ({task_id})"
+    prompt = row.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InputError(f"{where} has no prompt; every task needs the prompt text the agents are sent.")
+    answer = row.get("answer")
+    if isinstance(answer, int | float) and not isinstance(answer, bool):
+        answer = str(answer)
+    if not isinstance(answer, str) or not answer.strip():
+        raise InputError(f"{where} has no answer; every task needs the answer its grader compares with.")
+    grader = row.get("grader")
+    if not isinstance(grader, str):
+        found = "no grader" if grader is None else f"grader {grader!r}"
+        raise InputError(f"{where} has {found}; name one of {', '.join(sorted(GRADERS))}.")
+    try:
+        grade(grader, None, answer)  # an unknown grader raises here; nothing is graded
+    except InputError as err:
+        raise InputError(f"{where}: {err}") from None
+    source = row.get("source")
+    dataset = source.get("dataset") if isinstance(source, Mapping) else row.get("dataset")
+    return Task(
+        task_id=task_id,
+        prompt=prompt,
+        answer=answer,
+        grader=grader,
+        split=_text(row, "split"),
+        domain=_text(row, "domain"),
+        difficulty=_text(row, "difficulty"),
+        task_group=_text(row, "task_group"),
+        dataset=None if dataset is None else str(dataset),
+    )
+
+
+def read_tasks(path: str, limit: int | None = None) -> list[Task]:
+    """The first `limit` tasks of a tasks file (all without a limit), checked; task ids must be unique.
+    Each grader used is run once, so a missing dependency (math-verify) is reported before any call."""
+    rows = read_jsonl(path, "tasks file")
+    rows = rows if limit is None else rows[:limit]
+    if not rows:
+        raise InputError(f"tasks file {path} has no tasks; pass a JSON-lines file with one task per line.")
+    tasks, seen = [], set()
+    for number, row in enumerate(rows, start=1):
+        task = task_from_row(row, f"tasks file {path} row {number}")
+        if task.task_id in seen:
+            raise InputError(f"tasks file {path} row {number} repeats task_id '{task.task_id}'; ids must be unique.")
+        seen.add(task.task_id)
+        tasks.append(task)
+    for grader in sorted({task.grader for task in tasks}):
+        grade(grader, "0", "0")
+    return tasks
+
+
+def pool_digest(agents: Sequence[str], models: Sequence[str]) -> str:
+    """The default pool_version: a digest of the agents and the model each one answers with, so that
+    rows measured on different pools never share a version."""
+    text = json.dumps([[agent, model] for agent, model in zip(agents, models, strict=True)])
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Per agent, in agent order: calls, correct, empty and failed calls, reward; the best agents."""
+
+    n_calls: list[int]
+    n_correct: list[int]
+    n_empty: list[int]
+    n_error: list[int]
+    mean_reward: list[float]
+    best_agents: list[str]
+
+    @property
+    def is_tie(self) -> bool:
+        return len(self.best_agents) > 1
+
+
+def tally(agent_order: Sequence[str], calls: Sequence[Mapping[str, Any]]) -> Tally:
+    """The pilot's per-task figures from its calls (every agent must have at least one)."""
+    counts = {agent: [0, 0, 0, 0] for agent in agent_order}
+    for call in calls:
+        count = counts[call["agent"]]
+        count[0] += 1
+        count[1] += bool(call["correct"])
+        count[2] += bool(call["empty"])
+        count[3] += call["error"] is not None
+    rows = [counts[agent] for agent in agent_order]
+    mean = [correct / total for total, correct, _, _ in rows]
+    best = [agent for agent, reward in zip(agent_order, mean, strict=True) if reward == max(mean)]
+    return Tally(*([row[i] for row in rows] for i in range(4)), mean, best)
+
+
+def sort_calls(agent_order: Sequence[str], calls: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    index = {agent: j for j, agent in enumerate(agent_order)}
+    return sorted(calls, key=lambda call: (index[call["agent"]], call["repetition"]))
+
+
+def calls_row(
+    task_id: str, agent_order: Sequence[str], calls: Sequence[Mapping[str, Any]], repetitions: int, pool_version: str
+) -> dict[str, Any]:
+    """A task's row of the calls file (rewards.v1-pilot.jsonl)."""
+    calls = sort_calls(agent_order, calls)
+    figures = tally(agent_order, calls)
+    return {
+        "agent_order": list(agent_order),
+        "best_agents": figures.best_agents,
+        "calls": [dict(call) for call in calls],
+        "is_tie": figures.is_tie,
+        "mean_reward": figures.mean_reward,
+        "pool_version": pool_version,
+        "repetitions": repetitions,
+        "task_id": task_id,
+    }
+
+
+def rewards_row(row: Mapping[str, Any], task: Task) -> dict[str, Any]:
+    """A task's row of the rewards file (rewards.jsonl) from its calls-file row and its task."""
+    figures = tally(row["agent_order"], row["calls"])
+    return {
+        "agent_order": list(row["agent_order"]),
+        "best_agents": figures.best_agents,
+        "dataset": task.dataset,
+        "difficulty": task.difficulty,
+        "domain": task.domain,
+        "is_tie": figures.is_tie,
+        "mean_reward": figures.mean_reward,
+        "n_correct": figures.n_correct,
+        "n_empty": figures.n_empty,
+        "n_error": figures.n_error,
+        "pool_version": row["pool_version"],
+        "repetitions": row["repetitions"],
+        "split": task.split,
+        "task_group": task.task_group,
+        "task_id": row["task_id"],
+    }

@@ -1,0 +1,160 @@
+"""The journal: every finished call on disk the moment it finishes, so that a crash loses no paid answer.
+
+A JSON-lines file next to the output (`calls.jsonl.journal`): a header naming the pool, then one
+line per finished cell (task, agent, repetition) with its call record and what it was asked and
+graded against. Each line is one write() followed by fsync(), so a line is whole or, when the
+machine died inside that write, an unterminated tail, which resuming drops (that one cell is asked
+again). The final files are computed from the journal alone, so a resumed run and an uninterrupted
+one write the same rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchgen_router.collect.formats import CALL_FIELDS, Task
+from benchgen_router.errors import InputError
+
+logger = logging.getLogger("benchgen_router.collect")
+
+FORMAT = "benchgen-router collect journal"
+VERSION = 1
+
+Cell = tuple[str, str, int]  # (task_id, agent, repetition)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One finished cell as journaled."""
+
+    task_id: str
+    prompt_sha256: str
+    grader: str
+    answer: str
+    call: Mapping[str, Any]
+
+    @property
+    def cell(self) -> Cell:
+        return (self.task_id, self.call["agent"], self.call["repetition"])
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a new file's name durable too (a crash right after creating it must not lose it)."""
+    with contextlib.suppress(OSError):  # not every file system lets a folder be opened
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class Journal:
+    """An open journal: the entries found in it (on resume) and an append-only handle."""
+
+    def __init__(self, path: Path, fd: int, header: Mapping[str, Any], entries: dict[Cell, Entry]) -> None:
+        self.path = path
+        self.header = dict(header)
+        self.entries = entries
+        self._fd = fd
+
+    @classmethod
+    def create(cls, path: Path, pool_version: str, agents: Sequence[str], models: Sequence[str]) -> Journal:
+        header = {"format": FORMAT, "version": VERSION, "pool_version": pool_version}
+        header |= {"agents": list(agents), "models": list(models)}
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
+        except FileExistsError:
+            raise InputError(f"journal {path} appeared while starting; is another collect run writing it?") from None
+        except OSError as err:
+            raise InputError(f"cannot create journal {path} ({err.strerror}); pass another output path.") from None
+        journal = cls(path, fd, header, {})
+        journal._write(header)
+        _fsync_folder(path.parent)
+        return journal
+
+    @classmethod
+    def reopen(cls, path: Path, pool_version: str, agents: Sequence[str], models: Sequence[str]) -> Journal:
+        """An existing journal, checked against this pool, its unterminated last line (if any) dropped."""
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise InputError(f"cannot read journal {path} ({err.strerror}).") from None
+        whole = data[: data.rfind(b"\n") + 1]
+        lines = whole.decode("utf-8", errors="replace").split("\n")[:-1]
+        try:
+            header = json.loads(lines[0]) if lines else None
+        except json.JSONDecodeError:
+            header = None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise InputError(f"{path} is not a collect journal; pass another output path.")
+        expected = {"pool_version": pool_version, "agents": list(agents), "models": list(models)}
+        for key, value in expected.items():
+            if header.get(key) != value:
+                raise InputError(
+                    f"journal {path} was recorded with {key} {header.get(key)!r}, not this run's {value!r}; "
+                    "resume it with the pool it was recorded with, or pass another output path."
+                )
+        entries: dict[Cell, Entry] = {}
+        for number, line in enumerate(lines[1:], start=2):
+            entry = _entry(line, agents)
+            if entry is None:
+                raise InputError(f"journal {path} line {number} is damaged; remove that line to resume.")
+            entries.setdefault(entry.cell, entry)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            if len(whole) < len(data):
+                os.truncate(path, len(whole))
+                logger.warning("journal %s: dropped an unfinished last line (that call is asked again)", path)
+        except OSError as err:
+            raise InputError(f"cannot append to journal {path} ({err.strerror}).") from None
+        return cls(path, fd, header, entries)
+
+    def append(self, task: Task, call: Mapping[str, Any]) -> Entry:
+        entry = Entry(task.task_id, task.prompt_sha256, task.grader, task.answer, call)
+        self._write(
+            {
+                "task_id": entry.task_id,
+                "prompt_sha256": entry.prompt_sha256,
+                "grader": entry.grader,
+                "answer": entry.answer,
+                "call": dict(call),
+            }
+        )
+        self.entries.setdefault(entry.cell, entry)
+        return entry
+
+    def _write(self, row: Mapping[str, Any]) -> None:
+        data = (json.dumps(row, allow_nan=False) + "\n").encode("ascii")  # escaped: any text, even lone surrogates
+        while data:  # one write() in practice; a short write is continued, never dropped
+            data = data[os.write(self._fd, data) :]
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def _entry(line: str, agents: Sequence[str]) -> Entry | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(row, dict):
+        return None
+    call = row.get("call")
+    fields = (row.get("task_id"), row.get("prompt_sha256"), row.get("grader"), row.get("answer"))
+    if not all(isinstance(value, str) for value in fields) or not isinstance(call, dict):
+        return None
+    repetition = call.get("repetition")
+    if set(call) != set(CALL_FIELDS) or call.get("agent") not in agents:
+        return None
+    if not isinstance(repetition, int) or isinstance(repetition, bool) or repetition < 0:
+        return None
+    return Entry(*fields, call)

@@ -1,0 +1,433 @@
+"""collect(): ask every agent of a pool every task `repetitions` times and write the pilot's two files."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchgen_router.collect.formats import Task, calls_row, dump_row, pool_digest, read_tasks, rewards_row
+from benchgen_router.collect.journal import Cell, Entry, Journal
+from benchgen_router.collect.upstream import Answer, RetryPolicy
+from benchgen_router.errors import InputError, Terminated, raise_terminated, setting_error
+from benchgen_router.files import atomic_output, check_output_path
+from benchgen_router.graders import grade
+from benchgen_router.upstreams import Upstream, UpstreamPool, read_upstream_pool
+
+logger = logging.getLogger("benchgen_router.collect")
+
+# How one cell is answered: the agent's upstream and the prompt in, its answer out (the default asks
+# the upstream over HTTP; a caller may pass its own, e.g. to replay recorded answers).
+Asker = Callable[[Upstream, str], Awaitable[Answer]]
+STOPPED_AT_COST_CAP = "cost cap"
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """What to measure and where to write it; the defaults are the command line's."""
+
+    tasks: Path
+    pool: Path
+    output: Path  # the calls file (rewards.v1-pilot.jsonl format); the journal is <output>.journal
+    rewards_output: Path | None = None  # the rewards file (rewards.jsonl format); default <stem>.rewards.jsonl
+    repetitions: int = 3
+    limit: int | None = None  # the first `limit` tasks only
+    concurrency: int = 4
+    max_cost_usd: float | None = None
+    resume: bool = False
+    timeout_s: float = 600.0
+    max_tokens: int | None = None  # sent upstream when set
+    retries: int = 3
+    backoff_s: float = 1.0
+    pool_version: str | None = None  # default: a digest of the pool's agents and models
+    progress: bool = False
+
+    @property
+    def rewards_path(self) -> Path:
+        if self.rewards_output is not None:
+            return Path(self.rewards_output)
+        output = Path(self.output)
+        stem = output.name.removesuffix(".jsonl")
+        return output.with_name(f"{stem}.rewards.jsonl")
+
+    @property
+    def journal_path(self) -> Path:
+        output = Path(self.output)
+        return output.with_name(output.name + ".journal")
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    output: Path
+    rewards_output: Path
+    journal: Path
+    tasks: int  # tasks asked about
+    tasks_written: int  # tasks with every cell answered: the rows of both files
+    cells: int  # tasks x agents x repetitions
+    made: int  # calls this run made
+    reused: int  # cells answered in the journal before this run
+    failed: int  # calls of this run that failed after their retries (recorded with their error)
+    cost_usd: float  # what this run's calls cost (calls of unknown cost count 0)
+    total_cost_usd: float  # what every journaled call cost: the figure max_cost_usd caps
+    seconds: float  # time spent asking
+    stopped: str | None = None  # why cells were left unasked (STOPPED_AT_COST_CAP), None when none were
+
+    @property
+    def calls_per_s(self) -> float:
+        return self.made / self.seconds if self.seconds > 0 else 0.0
+
+
+def check_config(config: CollectConfig) -> None:
+    """Refuse settings no run can use, naming the setting (its flag on the command line)."""
+
+    def whole(value: Any, minimum: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+    def amount(value: Any, positive: bool) -> bool:
+        return (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value > 0 if positive else value >= 0)
+        )
+
+    checks = [
+        (whole(config.repetitions, 1), "{repetitions} must be an integer >= 1"),
+        (config.limit is None or whole(config.limit, 1), "{limit} must be an integer >= 1"),
+        (whole(config.concurrency, 1), "{concurrency} must be an integer >= 1"),
+        (config.max_cost_usd is None or amount(config.max_cost_usd, False), "{max_cost_usd} must be a number >= 0"),
+        (amount(config.timeout_s, True), "{timeout_s} must be a number of seconds > 0"),
+        (config.max_tokens is None or whole(config.max_tokens, 1), "{max_tokens} must be an integer >= 1"),
+        (whole(config.retries, 0), "{retries} must be an integer >= 0"),
+        (amount(config.backoff_s, False), "{backoff_s} must be a number of seconds >= 0"),
+        (config.pool_version is None or bool(str(config.pool_version).strip()), "{pool_version} must not be empty"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise setting_error(message + ".")
+
+
+def call_record(upstream: Upstream, repetition: int, answer: Answer, task: Task) -> dict[str, Any]:
+    """A call in the pilot's format. A failed call reports no usage: it is recorded with 0 tokens and
+    0 USD (nothing was billed that anyone could know of), no response, and as a wrong answer."""
+    failed = answer.error is not None
+    raw = None if failed else answer.content or ""
+    graded = grade(task.grader, raw, task.answer)
+    usage = answer.usage or {}
+
+    def tokens(key: str) -> int | None:
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+    return {
+        "agent": upstream.agent,
+        "completion_tokens": 0 if failed else tokens("completion_tokens"),
+        "correct": graded.correct,
+        "cost_usd": 0.0 if failed else upstream.cost_usd(answer.usage),
+        "empty": not failed and not raw.strip(),
+        "error": answer.error,
+        "extracted": graded.extracted,
+        "generation_id": answer.generation_id,
+        "latency_ms": answer.latency_ms,
+        "prompt_tokens": 0 if failed else tokens("prompt_tokens"),
+        "raw_response": raw,
+        "repetition": repetition,
+        "role": None,
+    }
+
+
+def _current(entry: Entry, task: Task) -> Mapping[str, Any]:
+    """A journaled call graded against the task as it is now: a corrected answer key applies on
+    resume without asking again."""
+    call = entry.call
+    if call["error"] is not None or (entry.grader, entry.answer) == (task.grader, task.answer):
+        return call
+    graded = grade(task.grader, call["raw_response"], task.answer)
+    return {**call, "extracted": graded.extracted, "correct": graded.correct}
+
+
+def write_outputs(
+    config: CollectConfig,
+    tasks: Sequence[Task],
+    agents: Sequence[str],
+    pool_version: str,
+    entries: Mapping[Cell, Entry],
+) -> int:
+    """Both files, atomically, from the journal's entries: the tasks whose every cell is answered, in
+    the tasks file's order. Returns how many tasks were written."""
+    rows = []
+    for task in tasks:
+        cells = [(task.task_id, agent, r) for agent in agents for r in range(config.repetitions)]
+        if all(cell in entries for cell in cells):
+            calls = [_current(entries[cell], task) for cell in cells]
+            rows.append((calls_row(task.task_id, agents, calls, config.repetitions, pool_version), task))
+    inputs = (config.tasks, config.pool)
+    with atomic_output(config.output, inputs=inputs) as handle:
+        handle.writelines(dump_row(row) for row, _ in rows)
+    with atomic_output(config.rewards_path, inputs=inputs) as handle:
+        handle.writelines(dump_row(rewards_row(row, task)) for row, task in rows)
+    return len(rows)
+
+
+def _open_journal(config: CollectConfig, pool_version: str, agents: Sequence[str], models: Sequence[str]) -> Journal:
+    path = config.journal_path
+    if path.exists():
+        if not config.resume:
+            raise setting_error(
+                f"journal {path} exists (the calls an earlier run answered): pass {{resume}} to continue it, "
+                "or another {output}."
+            )
+        return Journal.reopen(path, pool_version, agents, models)
+    for existing in (Path(config.output), config.rewards_path):
+        if existing.exists():
+            raise setting_error(
+                f"{existing} exists and no journal {path} is next to it to resume from; pass another {{output}} "
+                "(or remove the file)."
+            )
+    return Journal.create(path, pool_version, agents, models)
+
+
+class _Spend:
+    """The running spend of the journal's calls, and what an answered call costs on average, per agent
+    (agents' costs differ by orders of magnitude, so one pool-wide mean would misjudge them)."""
+
+    def __init__(self, calls: Sequence[Mapping[str, Any]]) -> None:
+        self.total = 0.0
+        self.answered = 0  # calls that did not fail
+        self.priced: dict[str, list[float]] = {}  # per agent, the known costs of its answered calls
+        self.heard_from: set[str] = set()  # agents with a finished call
+        for call in calls:
+            self.add(call)
+
+    def add(self, call: Mapping[str, Any]) -> None:
+        cost = call["cost_usd"]
+        self.total += cost or 0.0
+        self.heard_from.add(call["agent"])
+        if call["error"] is None:
+            self.answered += 1
+            if cost is not None:
+                self.priced.setdefault(call["agent"], []).append(cost)
+
+    def expected(self, agent: str) -> float | None:
+        """The agent's mean cost, else the mean over every agent's calls; None when no cost is known."""
+        costs = self.priced.get(agent) or [cost for known in self.priced.values() for cost in known]
+        return sum(costs) / len(costs) if costs else None
+
+
+class _Asking:
+    """The asking phase: launches cells under the semaphore and the cost cap, journals each as it ends."""
+
+    def __init__(self, config: CollectConfig, pool: UpstreamPool, journal: Journal, spend: _Spend, bar: Any) -> None:
+        self.config, self.pool, self.journal, self.spend, self.bar = config, pool, journal, spend, bar
+        self.made = self.failed = 0
+        self.cost_usd = 0.0
+        self.stopped: str | None = None
+        self._unknown_cost_noted = False
+
+    async def one(self, ask: Asker, task: Task, agent: str, repetition: int) -> None:
+        upstream = self.pool.upstreams[agent]
+        call = call_record(upstream, repetition, await ask(upstream, task.prompt), task)
+        self.journal.append(task, call)
+        self.spend.add(call)
+        self.made += 1
+        self.failed += call["error"] is not None
+        self.cost_usd += call["cost_usd"] or 0.0
+        if call["error"] is not None:
+            logger.debug("%s on %s (repetition %d) failed: %s", agent, task.task_id, repetition, call["error"])
+        self.bar.set_postfix_str(f"{self.spend.total:.4f} USD", refresh=False)
+        self.bar.update()
+
+    def over_cap(self, agent: str, in_flight: Sequence[str]) -> bool:
+        """Whether launching a call to `agent` could pass the cap: the spend so far plus, for that call
+        and each one in flight, its agent's mean cost so far."""
+        cap = self.config.max_cost_usd
+        if cap is None:
+            return False
+        expected = [self.spend.expected(name) for name in [*in_flight, agent]]
+        if self.spend.answered and not self.spend.priced and not self._unknown_cost_noted:
+            self._unknown_cost_noted = True
+            logger.warning("the calls report no cost and the pool has no prices: the cost cap cannot bound them")
+        return self.spend.total >= cap or self.spend.total + sum(cost or 0.0 for cost in expected) > cap
+
+    async def run(self, pending: Sequence[tuple[Task, str, int]], ask: Asker) -> None:
+        semaphore = asyncio.Semaphore(self.config.concurrency)
+        running: dict[asyncio.Task[None], str] = {}  # the calls in flight and their agents
+        errors: list[BaseException] = []
+
+        def finished(job: asyncio.Task[None]) -> None:
+            running.pop(job, None)
+            semaphore.release()
+            if not job.cancelled() and job.exception() is not None:
+                errors.append(job.exception())
+
+        try:
+            for task, agent, repetition in pending:
+                await semaphore.acquire()
+                # Under a cap, an agent's first call goes alone: what it costs is unknown until it ends.
+                while self.config.max_cost_usd is not None and agent not in self.spend.heard_from and running:
+                    await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
+                    if errors:
+                        break
+                if errors:
+                    raise errors[0]
+                if self.over_cap(agent, list(running.values())):
+                    semaphore.release()
+                    self.stopped = STOPPED_AT_COST_CAP
+                    break
+                job = asyncio.create_task(self.one(ask, task, agent, repetition))
+                running[job] = agent
+                job.add_done_callback(finished)
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            for job in list(running):
+                job.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+
+
+async def _ask_all(asking: _Asking, pending: Sequence[tuple[Task, str, int]], ask: Asker | None) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        if ask is None:
+            import httpx
+
+            from benchgen_router.collect import upstream as http
+
+            config = asking.config
+            limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(timeout=httpx.Timeout(config.timeout_s), limits=limits)
+            )
+            policy = RetryPolicy(config.retries, config.backoff_s)
+
+            async def ask_http(upstream: Upstream, prompt: str) -> Answer:
+                return await http.ask(client, upstream, prompt, max_tokens=config.max_tokens, policy=policy)
+
+            ask = ask_http
+        with _sigterm_cancels(asyncio.current_task()) as terminated:
+            try:
+                await asking.run(pending, ask)
+            except asyncio.CancelledError:
+                if terminated:
+                    raise Terminated from None
+                raise
+
+
+@contextlib.contextmanager
+def _sigterm_cancels(main: asyncio.Task[Any] | None) -> Iterator[list[bool]]:
+    """Where SIGTERM raises Terminated (the command line's handler), make it cancel the asking instead
+    while the loop runs: raised by the handler wherever the main thread is, Terminated could surface
+    inside httpx's task groups, wrapped in an exception group, and skip the orderly stop. Yields a list
+    that holds True once SIGTERM came."""
+    terminated: list[bool] = []
+    handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    if handler is not raise_terminated or main is None:
+        yield terminated
+        return
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: (terminated.append(True), main.cancel()))
+    try:
+        yield terminated
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, handler)
+
+
+def collect(config: CollectConfig, ask: Asker | None = None) -> CollectResult:
+    """Ask every agent of `config.pool` every task of `config.tasks` `repetitions` times (the cells a
+    journal already holds are not asked again), then write the calls and rewards files.
+
+    Bad input raises InputError with one line before any call. Ctrl-C and SIGTERM (as Terminated)
+    stop the run: the files are written with the tasks finished so far and the exception goes on."""
+    check_config(config)
+    if ask is None and importlib.util.find_spec("httpx") is None:
+        raise InputError(
+            "collect asks the upstreams with httpx, which is missing: pip install 'benchgen-router[collect]'."
+        )
+    tasks = read_tasks(str(config.tasks), config.limit)
+    pool = read_upstream_pool(config.pool)
+    agents = list(pool.agents)
+    models = [pool.upstreams[agent].model for agent in agents]
+    pool_version = str(config.pool_version) if config.pool_version is not None else pool_digest(agents, models)
+    output, rewards = Path(config.output), config.rewards_path
+    if output.resolve() == rewards.resolve():
+        raise setting_error(f"{{rewards_output}} {rewards} is {{output}} itself; pass another path.")
+    for path in (output, rewards):
+        check_output_path(path, (config.tasks, config.pool))
+    journal = _open_journal(config, pool_version, agents, models)
+    try:
+        by_id = {task.task_id: task for task in tasks}
+        for entry in journal.entries.values():
+            task = by_id.get(entry.task_id)
+            if task is not None and task.prompt_sha256 != entry.prompt_sha256:
+                raise setting_error(
+                    f"task '{task.task_id}' has another prompt than the one journal {journal.path} asked; restore "
+                    "it, or pass another {output} to measure the new prompts."
+                )
+        cells = [(task, agent, r) for task in tasks for r in range(config.repetitions) for agent in agents]
+        pending = [cell for cell in cells if (cell[0].task_id, cell[1], cell[2]) not in journal.entries]
+        reused = len(cells) - len(pending)
+        logger.info(
+            "collect: %d tasks x %d agents x %d repetitions = %d calls; %d answered in %s, %d to ask",
+            len(tasks), len(agents), config.repetitions, len(cells), reused, journal.path, len(pending),
+        )  # fmt: skip
+        return _collect(config, tasks, pool, pool_version, journal, pending, reused, len(cells), ask)
+    finally:
+        journal.close()
+
+
+def _collect(
+    config: CollectConfig,
+    tasks: Sequence[Task],
+    pool: UpstreamPool,
+    pool_version: str,
+    journal: Journal,
+    pending: Sequence[tuple[Task, str, int]],
+    reused: int,
+    cells: int,
+    ask: Asker | None,
+) -> CollectResult:
+    from tqdm.auto import tqdm
+
+    spend = _Spend([entry.call for entry in journal.entries.values()])
+    started = time.perf_counter()
+    with tqdm(total=len(pending), unit="call", desc="collect", disable=not config.progress, dynamic_ncols=True) as bar:
+        bar.set_postfix_str(f"{spend.total:.4f} USD", refresh=False)
+        asking = _Asking(config, pool, journal, spend, bar)
+        try:
+            if pending:
+                asyncio.run(_ask_all(asking, pending, ask))
+        except (KeyboardInterrupt, Terminated):
+            written = write_outputs(config, tasks, pool.agents, pool_version, journal.entries)
+            logger.warning(
+                "stopped: %d of %d tasks complete, written to %s; the journal %s keeps %d answered calls, "
+                "resume it (--resume) to ask only the rest",
+                written, len(tasks), config.output, journal.path, len(journal.entries),
+            )  # fmt: skip
+            raise
+    seconds = time.perf_counter() - started
+    written = write_outputs(config, tasks, pool.agents, pool_version, journal.entries)
+    return CollectResult(
+        output=Path(config.output),
+        rewards_output=config.rewards_path,
+        journal=journal.path,
+        tasks=len(tasks),
+        tasks_written=written,
+        cells=cells,
+        made=asking.made,
+        reused=reused,
+        failed=asking.failed,
+        cost_usd=asking.cost_usd,
+        total_cost_usd=spend.total,
+        seconds=seconds,
+        stopped=asking.stopped,
+    )

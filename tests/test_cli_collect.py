@@ -1,0 +1,317 @@
+"""`benchgen-router collect` as users run it: against real `transformers serve` upstreams on loopback (both
+files in the pilot's formats, a SIGKILL mid-run and --resume, SIGTERM and Ctrl-C, a down upstream, a 4xx, the
+cost cap, and `train --calls` reading what collect wrote), and bad input as one line with exit 2.
+
+Latencies and generation ids are measured, so runs are compared with those two fields normalised."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchgen_router.graders import grade
+from helpers import PROJECT_ROOT, cli, make_queries, run_tool
+
+pytest_plugins = ["upstream_server"]
+httpx = pytest.importorskip("httpx")
+PRICES = {"price_per_1m_prompt_usd": 1000.0, "price_per_1m_output_usd": 2000.0}
+MEASURED = ("latency_ms", "generation_id")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def write_pool(path: Path, entries: list[tuple[str, str, str]]) -> Path:
+    """entries: (agent id, base_url, model)."""
+    agents = [{"agent_id": agent, "base_url": url, "model": model, **PRICES} for agent, url, model in entries]
+    path.write_text(json.dumps({"agents": agents}), encoding="utf-8")
+    return path
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def normalised(path: Path) -> list[dict]:
+    rows = read_rows(path)
+    for row in rows:
+        for call in row.get("calls", []):
+            call.update(dict.fromkeys(MEASURED))
+    return rows
+
+
+def collect_args(folder: Path) -> list[object]:
+    return ["--tasks", folder / "tasks.jsonl", "--pool", folder / "pool.json", "--output", folder / "calls.jsonl"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one line, exit 2 (fast: no upstream is ever called)
+
+
+@pytest.fixture
+def inputs(tmp_path) -> Path:
+    write_jsonl(tmp_path / "tasks.jsonl", [{"task_id": "t", "prompt": "p", "answer": "1", "grader": "numeric_match"}])
+    write_pool(tmp_path / "pool.json", [("a", "http://127.0.0.1:9/v1", "m")])
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda d: (d / "tasks.jsonl").unlink(), "error: tasks file not found"),
+        (lambda d: (d / "pool.json").unlink(), "error: pool file not found"),
+        (
+            lambda d: write_jsonl(d / "tasks.jsonl", [{"task_id": "t", "prompt": "p", "answer": "1", "grader": "x"}]),
+            "unknown grader 'x'",
+        ),
+        (lambda d: write_jsonl(d / "tasks.jsonl", [{"task_id": "t", "answer": "1"}]), "(t) has no prompt"),
+        (lambda d: write_pool(d / "pool.json", [("a", "ftp://host", "m")]), "is not an http(s) URL"),
+        (lambda d: (d / "calls.jsonl.journal").write_text("{}\n"), "--resume to continue it, or another --output"),
+        (lambda d: (d / "calls.jsonl").write_text(""), "pass another --output"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(inputs, change, expected, capsys):
+    change(inputs)
+    assert cli("collect", *collect_args(inputs), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--repetitions", "0"], "must be a positive integer"),
+        (["--max-cost-usd", "-1"], "must be a number >= 0"),
+        (["--timeout-s", "0"], "must be a number > 0"),
+        (["--concurrency", "many"], "must be a positive integer"),
+    ],
+)
+def test_bad_flags_are_usage_errors(inputs, flags, expected, capsys):
+    assert cli("collect", *collect_args(inputs), *flags) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_an_unset_key_variable_is_named(inputs, capsys):
+    document = json.loads((inputs / "pool.json").read_text())
+    document["agents"][0]["api_key_env"] = "COLLECT_CLI_TEST_UNSET"
+    (inputs / "pool.json").write_text(json.dumps(document))
+    assert cli("collect", *collect_args(inputs)) == 2
+    assert "COLLECT_CLI_TEST_UNSET (its api_key_env) is not set" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Against real upstreams
+
+
+@pytest.fixture(scope="module")
+def servers(make_upstreams):
+    return make_upstreams(3)
+
+
+def answers_of(server, prompts: list[str]) -> list[str]:
+    """What the server answers each prompt (greedy: the same every time)."""
+    with httpx.Client(timeout=60, trust_env=False) as http:
+        return [
+            http.post(f"{server.base_url}/chat/completions", json=server.chat_body(prompt)).json()["choices"][0][
+                "message"
+            ]["content"]
+            for prompt in prompts
+        ]
+
+
+@pytest.fixture(scope="module")
+def task_rows(servers) -> list[dict]:
+    """Tasks whose answer keys are what agent a0 answers: a0 is always right, the others rarely."""
+    prompts = make_queries(12, seed=5)
+    rows = []
+    for i, (prompt, content) in enumerate(zip(prompts, answers_of(servers[0], prompts), strict=True)):
+        numeric = i % 2 == 0
+        extracted = grade("numeric_match" if numeric else "exact_match_ci", content, "0").extracted
+        rows.append(
+            {
+                "task_id": f"t{i:02d}",
+                "prompt": prompt,
+                "answer": extracted if numeric and extracted else content,
+                "grader": "numeric_match" if numeric and extracted else "exact_match_ci",
+                "split": "test" if i >= 9 else "train",
+                "domain": "toy",
+                "difficulty": "easy",
+                "source": {"dataset": "tiny/chat"},
+            }
+        )
+    return rows
+
+
+def setup_folder(folder: Path, task_rows: list[dict], entries: list[tuple[str, str, str]]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_jsonl(folder / "tasks.jsonl", task_rows)
+    write_pool(folder / "pool.json", entries)
+    return folder
+
+
+def pool_entries(servers) -> list[tuple[str, str, str]]:
+    return [(f"a{i}", server.base_url, server.model) for i, server in enumerate(servers)]
+
+
+@pytest.fixture(scope="module")
+def full_run(servers, task_rows, tmp_path_factory):
+    """An uninterrupted run: 12 tasks x 3 agents x 2 repetitions."""
+    folder = setup_folder(tmp_path_factory.mktemp("full"), task_rows, pool_entries(servers))
+    result = run_tool("collect", *collect_args(folder), "--repetitions", "2", "--no-progress", timeout=300)
+    assert result.returncode == 0, result.stderr
+    return folder, result
+
+
+@pytest.mark.slow
+def test_a_run_writes_both_files_in_the_pilot_formats(full_run, task_rows):
+    folder, result = full_run
+    assert "collect: 72 calls made, 0 reused, 0 failed" in result.stdout
+    assert "wrote 12 of 12 tasks" in result.stdout and "calls/s" in result.stdout
+    calls, rewards = read_rows(folder / "calls.jsonl"), read_rows(folder / "calls.rewards.jsonl")
+    assert [row["task_id"] for row in calls] == [row["task_id"] for row in rewards] == [t["task_id"] for t in task_rows]
+    pilot_row_keys = ["agent_order", "best_agents", "calls", "is_tie", "mean_reward", "pool_version", "repetitions"]
+    pilot_call_keys = ["agent", "completion_tokens", "correct", "cost_usd", "empty", "error", "extracted"]
+    pilot_call_keys += ["generation_id", "latency_ms", "prompt_tokens", "raw_response", "repetition", "role"]
+    published_keys = ["agent_order", "best_agents", "dataset", "difficulty", "domain", "is_tie", "mean_reward"]
+    published_keys += ["n_correct", "n_empty", "n_error", "pool_version", "repetitions", "split", "task_group"]
+    for row, published, task in zip(calls, rewards, task_rows, strict=True):
+        assert list(row) == [*pilot_row_keys, "task_id"] and list(published) == [*published_keys, "task_id"]
+        assert row["agent_order"] == ["a0", "a1", "a2"] and row["repetitions"] == 2
+        assert [(c["agent"], c["repetition"]) for c in row["calls"]] == [
+            (a, r) for a in row["agent_order"] for r in (0, 1)
+        ]
+        for call in row["calls"]:
+            assert list(call) == pilot_call_keys and call["error"] is None and call["role"] is None
+            assert isinstance(call["latency_ms"], int) and isinstance(call["generation_id"], str)
+            assert call["cost_usd"] == pytest.approx(
+                (call["prompt_tokens"] * 1000.0 + call["completion_tokens"] * 2000.0) / 1e6
+            )
+            graded = grade(task["grader"], call["raw_response"], task["answer"])
+            assert (call["extracted"], call["correct"]) == (graded.extracted, graded.correct)
+        assert row["mean_reward"][0] == 1.0 and "a0" in row["best_agents"]  # the answer keys are a0's answers
+        assert row["is_tie"] == (len(row["best_agents"]) > 1)
+        assert published["mean_reward"] == row["mean_reward"] and published["best_agents"] == row["best_agents"]
+        assert published["n_correct"] == [
+            sum(c["correct"] for c in row["calls"] if c["agent"] == a) for a in row["agent_order"]
+        ]
+        assert (published["split"], published["dataset"], published["domain"]) == (task["split"], "tiny/chat", "toy")
+        assert published["n_error"] == [0, 0, 0] and published["task_group"] is None
+    assert len({row["pool_version"] for row in calls + rewards}) == 1
+
+
+def wait_for_journal_lines(path: Path, count: int, process: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= count:
+            return
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.005)
+    raise AssertionError(f"{path} never had {count} lines")
+
+
+def start_collect(folder: Path, *extra: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "benchgen_router", "collect", *map(str, collect_args(folder)), *extra]
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        start_new_session=True,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 143), (signal.SIGINT, 130)],
+    ids=["SIGKILL", "SIGTERM", "SIGINT"],
+)
+def test_a_stopped_run_resumed_gives_the_files_of_an_uninterrupted_one(
+    full_run, servers, task_rows, tmp_path, how, code
+):
+    reference, _ = full_run
+    folder = setup_folder(tmp_path, task_rows, pool_entries(servers))
+    process = start_collect(folder, "--repetitions", "2", "--no-progress", "--concurrency", "1")
+    wait_for_journal_lines(folder / "calls.jsonl.journal", 1 + 8, process)  # the header and 8 cells
+    os.kill(process.pid, how)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code, stderr
+    journaled = (folder / "calls.jsonl.journal").read_bytes().count(b"\n") - 1
+    assert 8 <= journaled < 72
+    if how == signal.SIGKILL:
+        assert not (folder / "calls.jsonl").exists()  # nothing but the journal survives a SIGKILL
+    else:  # a stop writes the complete tasks (6 cells each) and says how to go on
+        assert (
+            len(read_rows(folder / "calls.jsonl")) == journaled // 6
+            and "resume it (--resume) to ask only the rest" in stderr
+        )
+
+    refused = run_tool("collect", *collect_args(folder), "--repetitions", "2", "--no-progress")
+    assert refused.returncode == 2 and "pass --resume to continue it" in refused.stderr
+    resumed = run_tool("collect", *collect_args(folder), "--repetitions", "2", "--no-progress", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    made = int(resumed.stdout.split(" calls made")[0].split()[-1])
+    reused = int(resumed.stdout.split(" reused")[0].split()[-1])
+    assert reused >= journaled and made + reused == 72
+    for name in ("calls.jsonl", "calls.rewards.jsonl"):
+        assert normalised(folder / name) == normalised(reference / name), name
+
+
+@pytest.mark.slow
+def test_a_down_upstream_and_a_misnamed_model_are_recorded_errors(servers, task_rows, tmp_path, down_upstream_url):
+    entries = [("up", servers[0].base_url, servers[0].model), ("down", down_upstream_url, "m")]
+    entries.append(("misnamed", servers[1].base_url, "not-the-pinned-model"))
+    folder = setup_folder(tmp_path, task_rows[:2], entries)
+    result = run_tool("collect", *collect_args(folder), "--repetitions", "1", "--retries", "1", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "4 failed" in result.stdout and "4 calls failed after their retries" in result.stderr
+    for row in read_rows(folder / "calls.rewards.jsonl"):
+        assert row["n_error"] == [0, 1, 1] and row["mean_reward"][1:] == [0.0, 0.0]
+    calls = {call["agent"]: call for call in read_rows(folder / "calls.jsonl")[0]["calls"]}
+    assert calls["up"]["error"] is None
+    assert calls["down"]["error"].startswith("ConnectError") and calls["down"]["error"].endswith("(after 2 attempts)")
+    assert calls["misnamed"]["error"].startswith("HTTP 400: ") and "attempts" not in calls["misnamed"]["error"]
+    assert calls["down"]["raw_response"] is None and calls["down"]["cost_usd"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_cost_cap_stops_early_with_exit_1(servers, task_rows, tmp_path):
+    folder = setup_folder(tmp_path, task_rows, pool_entries(servers))
+    args = [*collect_args(folder), "--repetitions", "1", "--max-cost-usd", "0.5", "--no-progress"]
+    result = run_tool("collect", *args)
+    assert result.returncode == 1, result.stderr
+    assert "warning: stopped at --max-cost-usd 0.5" in result.stderr and "--resume with a higher cap" in result.stderr
+    journal = [json.loads(line)["call"] for line in (folder / "calls.jsonl.journal").read_text().splitlines()[1:]]
+    spent = sum(call["cost_usd"] for call in journal)
+    # The reserve is each agent's mean cost so far: a call dearer than its agent's mean can pass the cap by
+    # the difference, never by more than one call's cost.
+    assert 0 < len(journal) < 36 and spent <= 0.5 + max(call["cost_usd"] for call in journal)
+    assert f"{spent:.4f} USD" in result.stdout
+    assert len(read_rows(folder / "calls.jsonl")) == len(read_rows(folder / "calls.rewards.jsonl")) <= len(journal) // 3
+    finished = run_tool("collect", *args[:-3], "--max-cost-usd", "100", "--no-progress", "--resume")
+    assert finished.returncode == 0 and len(read_rows(folder / "calls.jsonl")) == 12, finished.stderr
+
+
+@pytest.mark.slow
+def test_train_reads_what_collect_wrote(full_run, backbone_dir, tmp_path):
+    folder, _ = full_run
+    result = run_tool(
+        "train",
+        "--rewards", folder / "calls.rewards.jsonl", "--tasks", folder / "tasks.jsonl",
+        "--calls", folder / "calls.jsonl", "--pool", folder / "pool.json",
+        "--backbone", backbone_dir, "--generations", "3", "--cv-folds", "2", "--cv-repeats", "1",
+        "--no-ood-guard", "--no-progress", "--no-cache", "--output-dir", tmp_path / "run",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["agent_order"] == ["a0", "a1", "a2"] and manifest["n_total"] == 12 and manifest["n_test"] == 3
