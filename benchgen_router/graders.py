@@ -48,15 +48,26 @@ class Graded:
     correct: bool
 
 
-def grade(grader: str, raw_response: str | None, answer: str, **task: object) -> Graded:
+# How math_expression judges an extracted answer: by value (math-verify), or by the pilot's rule, the
+# strings equal once spaces are dropped and \dfrac read as \frac, for extending a matrix graded so.
+MATH_EQUIVALENCES = ("value", "string")
+
+
+def grade(
+    grader: str, raw_response: str | None, answer: str, math_equivalence: str = "value", **task: object
+) -> Graded:
     """Grade one response with the task's grader. `task` takes the rest of a task row (prompt,
     answer_type, ...) so that a whole row can be passed; the graders need only its answer."""
     try:
         function = GRADERS[grader]
     except KeyError:
         raise InputError(f"unknown grader {grader!r}; the known graders are {', '.join(sorted(GRADERS))}.") from None
+    if math_equivalence not in MATH_EQUIVALENCES:
+        raise InputError(f"math_equivalence {math_equivalence!r} is not one of {', '.join(MATH_EQUIVALENCES)}.")
     if raw_response is None or not raw_response.strip():
         return Graded(None, False)
+    if function is math_expression:
+        return math_expression(raw_response, answer, math_equivalence)
     return function(raw_response, answer)
 
 
@@ -80,10 +91,16 @@ def mcq_letter(raw_response: str, answer: str) -> Graded:
     return Graded(letter, letter is not None and letter == answer.strip().upper())
 
 
-def math_expression(raw_response: str, answer: str) -> Graded:
+def math_expression(raw_response: str, answer: str, equivalence: str = "value") -> Graded:
     """The last `\\boxed{}` (else the last line), equal in value to the answer by math-verify:
     `\\frac12` and `0.5` match `\\frac{1}{2}`, and `10080` matches `10,\\!080`, which the pilot's
-    string comparison failed."""
+    string comparison failed. With `equivalence="string"`, that comparison instead."""
+    boxed = last_boxed(raw_response)
+    extracted = last_line(raw_response) if boxed is None else boxed
+    if not extracted:
+        return Graded(None, False)
+    if equivalence == "string":
+        return Graded(extracted, pilot_string(extracted) == pilot_string(answer))
     try:  # sympy and ANTLR load only when a math answer is graded
         from math_verify import parse, verify
     except ImportError as err:
@@ -92,10 +109,6 @@ def math_expression(raw_response: str, answer: str) -> Graded:
             "pip install 'benchgen-router[collect]'."
         ) from None
 
-    boxed = last_boxed(raw_response)
-    extracted = last_line(raw_response) if boxed is None else boxed
-    if not extracted:
-        return Graded(None, False)
     limit = MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     gold = parse(f"${answer}$", parsing_timeout=limit)
     target = parse(extracted if boxed is None else f"\\boxed{{{boxed}}}", parsing_timeout=limit)
@@ -110,7 +123,11 @@ def exact_match_ci(raw_response: str, answer: str) -> Graded:
     return Graded(extracted, comparable_text(extracted) == comparable_text(answer))
 
 
-GRADERS: dict[str, Callable[[str, str], Graded]] = {
+def pilot_string(text: str) -> str:
+    return "".join(text.split()).replace("\\dfrac", "\\frac")
+
+
+GRADERS: dict[str, Callable[..., Graded]] = {
     "numeric_match": numeric_match,
     "mcq_letter": mcq_letter,
     "math_expression": math_expression,

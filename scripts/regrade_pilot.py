@@ -15,7 +15,7 @@ from pathlib import Path
 
 from benchgen_router.errors import InputError
 from benchgen_router.files import read_jsonl
-from benchgen_router.graders import GRADERS, Graded, grade
+from benchgen_router.graders import GRADERS, MATH_EQUIVALENCES, Graded, grade
 
 PILOT = Path(__file__).resolve().parents[1].parent / "shared" / "benchgen-pilot"
 # The pilot judged math_expression answers by string equality once spaces were removed and \dfrac
@@ -54,7 +54,7 @@ class Regraded:
         return "not explained yet" if why is None else f"{why}; the pilot compared strings, not values"
 
 
-def regrade(pilot: Path) -> list[Regraded]:
+def regrade(pilot: Path, math_equivalence: str = "value") -> list[Regraded]:
     """Every call of the pilot's raw reward matrix, graded again against its task's answer."""
     tasks = {task["task_id"]: task for task in read_jsonl(pilot / "tasks.v1.jsonl", "tasks")}
     regraded = []
@@ -64,7 +64,7 @@ def regrade(pilot: Path) -> list[Regraded]:
             raise InputError(f"task {row['task_id']!r} of the pilot rewards is not in {pilot / 'tasks.v1.jsonl'}.")
         for call in row["calls"]:
             recorded = Graded(call["extracted"], call["correct"])
-            ours = grade(raw_response=call["raw_response"], **task)
+            ours = grade(raw_response=call["raw_response"], math_equivalence=math_equivalence, **task)
             key = (task["task_id"], call["agent"], call["repetition"], task["grader"])
             regraded.append(Regraded(*key, recorded, ours))
     return regraded
@@ -99,9 +99,15 @@ def report(calls: Sequence[Regraded]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Re-grade the pilot's recorded calls and compare with its grading.")
     parser.add_argument("--pilot", type=Path, default=PILOT, help="the pilot data folder (default: %(default)s)")
+    parser.add_argument(
+        "--math-equivalence",
+        choices=MATH_EQUIVALENCES,
+        default="value",
+        help="math_expression by value (math-verify, the default) or by the pilot's string rule",
+    )
     args = parser.parse_args(argv)
     try:
-        report(regrade(args.pilot))
+        report(regrade(args.pilot, args.math_equivalence))
     except InputError as err:
         print(err, file=sys.stderr)
         return 1

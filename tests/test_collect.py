@@ -260,6 +260,16 @@ def test_a_corrected_answer_is_regraded_on_resume_but_a_changed_prompt_is_refuse
         collect(config(tmp_path, resume=True), ask=FakeAsker())
 
 
+def test_resuming_with_the_pilots_string_rule_regrades_math_without_asking_again(tmp_path):
+    write_tasks(tmp_path / "tasks.jsonl", grader="math_expression")
+    by_value = collect(config(tmp_path), ask=FakeAsker())
+    values = [json.loads(row)["n_correct"] for row in files(config(tmp_path))[1].splitlines()]
+    by_string = collect(config(tmp_path, resume=True, math_equivalence="string"), ask=FakeAsker())
+    strings = [json.loads(row)["n_correct"] for row in files(config(tmp_path))[1].splitlines()]
+    assert by_value.made > 0 and by_string.made == 0
+    assert any(sum(row) for row in values) and not any(sum(row) for row in strings)  # "Answer: 4" is not "4"
+
+
 def test_an_existing_journal_or_output_is_refused_without_resume(tmp_path):
     collect(config(tmp_path), ask=FakeAsker())
     with pytest.raises(InputError) as error:

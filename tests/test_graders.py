@@ -186,6 +186,22 @@ def test_pilot_verdicts_are_reproduced(pilot_calls) -> None:
 
 
 @needs_pilot
+def test_the_pilots_string_rule_reproduces_every_recorded_verdict() -> None:
+    """For extending a matrix graded by the pilot's rule, math_equivalence="string" grades like it."""
+    calls = regrade(PILOT, math_equivalence="string")
+    assert agreement(calls, "correct") >= 0.99 and agreement(calls, "extracted") >= 0.99
+    assert all(c.agrees for c in calls)
+
+
+def test_math_equivalence_by_value_or_by_the_pilots_strings() -> None:
+    assert grade("math_expression", "\\boxed{10080}", "10,\\!080").correct
+    assert not grade("math_expression", "\\boxed{10080}", "10,\\!080", math_equivalence="string").correct
+    assert grade("math_expression", "\\boxed{\\dfrac{1}{ 2}}", "\\frac{1}{2}", math_equivalence="string").correct
+    with pytest.raises(InputError, match="math_equivalence 'loose'"):
+        grade("math_expression", "\\boxed{1}", "1", math_equivalence="loose")
+
+
+@needs_pilot
 def test_regrade_script_reports() -> None:
     done = run_tool("scripts/regrade_pilot.py", "--pilot", str(PILOT), timeout=120)
     assert done.returncode == 0, done.stderr

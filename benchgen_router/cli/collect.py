@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchgen_router.cli.common import EXIT_CODES_HELP, EXIT_OK, EXIT_SKIPPED, non_negative_int, positive_int
+from benchgen_router.graders import MATH_EQUIVALENCES
 
 logger = logging.getLogger("benchgen_router")
 
@@ -62,6 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repetitions", type=positive_int, metavar="N", default=3, help="calls per task and agent (default: 3)"
     )
     data.add_argument("--limit", type=positive_int, metavar="N", help="only the first N tasks")
+    data.add_argument(
+        "--math-equivalence",
+        choices=MATH_EQUIVALENCES,
+        default="value",
+        help="math_expression answers equal by value (math-verify; the default) or by the pilot's string rule, "
+        "to extend a matrix graded that way",
+    )
     data.add_argument("--max-tokens", type=positive_int, metavar="N", help="max_tokens sent upstream (default: none)")
     data.add_argument(
         "--pool-version",
@@ -122,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         retries=args.retries,
         pool_version=args.pool_version,
+        math_equivalence=args.math_equivalence,
         progress=not args.no_progress,
     )
     result = collect(config)

@@ -49,6 +49,7 @@ class CollectConfig:
     retries: int = 3
     backoff_s: float = 1.0
     pool_version: str | None = None  # default: a digest of the pool's agents and models
+    math_equivalence: str = "value"  # graders.MATH_EQUIVALENCES: "string" grades math as the pilot did
     progress: bool = False
 
     @property
@@ -116,12 +117,14 @@ def check_config(config: CollectConfig) -> None:
             raise setting_error(message + ".")
 
 
-def call_record(upstream: Upstream, repetition: int, answer: Answer, task: Task) -> dict[str, Any]:
+def call_record(
+    upstream: Upstream, repetition: int, answer: Answer, task: Task, math_equivalence: str = "value"
+) -> dict[str, Any]:
     """A call in the pilot's format. A failed call reports no usage: it is recorded with 0 tokens and
     0 USD (nothing was billed that anyone could know of), no response, and as a wrong answer."""
     failed = answer.error is not None
     raw = None if failed else answer.content or ""
-    graded = grade(task.grader, raw, task.answer)
+    graded = grade(task.grader, raw, task.answer, math_equivalence)
     usage = answer.usage or {}
 
     def tokens(key: str) -> int | None:
@@ -145,13 +148,13 @@ def call_record(upstream: Upstream, repetition: int, answer: Answer, task: Task)
     }
 
 
-def _current(entry: Entry, task: Task) -> Mapping[str, Any]:
-    """A journaled call graded against the task as it is now: a corrected answer key applies on
-    resume without asking again."""
+def _current(entry: Entry, task: Task, math_equivalence: str) -> Mapping[str, Any]:
+    """A journaled call graded against the task as it is now and the run's grading: a corrected
+    answer key or another math equivalence applies on resume without asking again."""
     call = entry.call
-    if call["error"] is not None or (entry.grader, entry.answer) == (task.grader, task.answer):
+    if call["error"] is not None:
         return call
-    graded = grade(task.grader, call["raw_response"], task.answer)
+    graded = grade(task.grader, call["raw_response"], task.answer, math_equivalence)
     return {**call, "extracted": graded.extracted, "correct": graded.correct}
 
 
@@ -168,7 +171,7 @@ def write_outputs(
     for task in tasks:
         cells = [(task.task_id, agent, r) for agent in agents for r in range(config.repetitions)]
         if all(cell in entries for cell in cells):
-            calls = [_current(entries[cell], task) for cell in cells]
+            calls = [_current(entries[cell], task, config.math_equivalence) for cell in cells]
             rows.append((calls_row(task.task_id, agents, calls, config.repetitions, pool_version), task))
     inputs = (config.tasks, config.pool)
     with atomic_output(config.output, inputs=inputs) as handle:
@@ -235,7 +238,8 @@ class _Asking:
 
     async def one(self, ask: Asker, task: Task, agent: str, repetition: int) -> None:
         upstream = self.pool.upstreams[agent]
-        call = call_record(upstream, repetition, await ask(upstream, task.prompt), task)
+        answer = await ask(upstream, task.prompt)
+        call = call_record(upstream, repetition, answer, task, self.config.math_equivalence)
         self.journal.append(task, call)
         self.spend.add(call)
         self.made += 1
