@@ -68,7 +68,8 @@ def _points_rows(config: Any, report: TrainingReport, frontier: FrontierResult) 
 
 def figures_section(config: Any, report: TrainingReport) -> str:
     """What the run measured: the held-out split in one line, then the cross-validated table."""
-    lines = ["", "## Figures", ""]
+    heading = ["", "## Figures", ""]
+    lines = list(heading)
     if report.test_reward is not None:
         baselines = report.baselines or {}
         lines += [
@@ -86,7 +87,7 @@ def figures_section(config: Any, report: TrainingReport) -> str:
                 f"agent {_number(cv.best_fixed_mean)}.",
                 "",
             ]
-        return "\n".join(lines) if len(lines) > 3 else ""
+        return "" if lines == heading else "\n".join(lines)  # nothing measured, nothing claimed
     lines += [
         f"{frontier.repeats}x repeated {frontier.folds}-fold cross-validation over the {frontier.rows} tasks, every "
         "head retrained on each training fold. Reward ± its std over repeats; Δ ± se: the paired difference to "

@@ -362,5 +362,4 @@ def convert_release(
     The guard's statistics come from `ood_stats`, else ood_guard.safetensors next to the weights
     when present; `ood_guard=False` leaves them out."""
     release = read_release(manifest_path, weights_path, ood_stats, ood_guard, ood_fallback_agent, operating_heads)
-    check_output_folder(Path(output_dir), overwrite)
     return write_release(release, output_dir, backbone, backbone_revision, backbone_id, bundle, overwrite, card_note)

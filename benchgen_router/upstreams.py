@@ -57,6 +57,11 @@ class Upstream:
         return (prompt * prices[0] + completion * prices[1]) / TOKENS_PER_PRICE_UNIT
 
 
+def retryable_status(status: int) -> bool:
+    """Whether an upstream's answer is worth another try: rate-limited (429) or failing (5xx)."""
+    return status == 429 or status >= 500
+
+
 def _is_amount(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 

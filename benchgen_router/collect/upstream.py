@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from benchgen_router.errors import first_line
-from benchgen_router.upstreams import Upstream
+from benchgen_router.upstreams import Upstream, retryable_status
 
 if TYPE_CHECKING:  # httpx is the collect extra's; imported when a call is made
     import httpx
@@ -80,10 +80,6 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def _retryable(status: int) -> bool:
-    return status == 429 or status >= 500
-
-
 def _error_message(body: Any, fallback: str) -> str:
     """The message of an OpenAI-style error body ({"error": {"message"}}, FastAPI's {"detail"})."""
     if isinstance(body, Mapping):
@@ -104,7 +100,7 @@ def _parse(response: httpx.Response) -> tuple[str, Mapping[str, Any] | None, str
     if isinstance(body, Mapping) and body.get("error"):
         error = body["error"]
         code = error.get("code") if isinstance(error, Mapping) else None
-        retry = isinstance(code, int) and _retryable(code)
+        retry = isinstance(code, int) and retryable_status(code)
         raise _Failure(f"upstream error {code or ''}: {_error_message(body, 'no message')}".strip(), retry)
     try:
         message = body["choices"][0]["message"]
@@ -126,7 +122,7 @@ def _status_failure(response: httpx.Response) -> _Failure:
     except (json.JSONDecodeError, UnicodeDecodeError):
         body = None
     message = first_line(Exception(_error_message(body, response.text or response.reason_phrase)))
-    retryable = _retryable(response.status_code)
+    retryable = retryable_status(response.status_code)
     after = retry_after_seconds(response.headers.get("retry-after")) if retryable else None
     return _Failure(f"HTTP {response.status_code}: {message}", retryable, after)
 

@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from benchgen_router.errors import InputError, setting_error
 from benchgen_router.files import text_problem
-from benchgen_router.upstreams import Upstream, UpstreamPool
+from benchgen_router.upstreams import Upstream, UpstreamPool, retryable_status
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -282,10 +282,6 @@ def passed_headers(reply: httpx.Response) -> dict[str, str]:
     }
 
 
-def retryable(status: int) -> bool:
-    return status == 429 or status >= 500
-
-
 def failure_reason(err: httpx.HTTPError, timeout_s: float) -> tuple[str, str]:
     """(metric tag, words for the answer): the error's class, never its text, which may quote the request."""
     if isinstance(err, httpx.TimeoutException):
@@ -422,7 +418,7 @@ class Gateway:
             except httpx.HTTPError as err:
                 failures.append(self.failed(upstream, *failure_reason(err, self.settings.timeout_s)))
                 continue
-            if retryable(reply.status_code):
+            if retryable_status(reply.status_code):
                 failures.append(self.failed(upstream, str(reply.status_code), f"answered {reply.status_code}"))
                 continue
             headers = {**passed_headers(reply), **plan.headers(upstream)}
