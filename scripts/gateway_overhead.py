@@ -3,7 +3,7 @@ through the gateway against calling its upstream directly (the agent named, unro
 the default router), and how many streams the gateway held open at once while /v1/route still
 answered. docs/gateway.md records its output. From the project root:
 
-    python scripts/gateway_overhead.py --requests 200 --streams 100,250,500,1000
+    python scripts/gateway_overhead.py --requests 200 --streams 100,250,500,1000 --modes throughput,standard
 
 The upstream is `transformers serve` over the tests' tiny random chat model (tests/upstream_server.py),
 asked for one token; the held streams go to HeldUpstream, which never ends a stream. Each request kind
@@ -210,6 +210,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200, help="sequential requests of each kind")
     parser.add_argument("--streams", default="100,250,500,1000", help="stream counts to hold, in turn")
+    parser.add_argument(
+        "--modes", default="throughput,standard", help="Ray Serve modes to measure in turn, each on a Ray of its own"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(PROJECT_ROOT / "tests"))
     from benchgen_router.hardware import cpu_summary
@@ -230,21 +233,29 @@ def main() -> None:
             ]
             pool_file = Path(folder) / "agents.json"
             pool_file.write_text(json.dumps(pool))
-            with serve(None, port=free_port(), pool_file=pool_file, blocking=False) as service:
-                latency_table(service.url, upstream, args.requests, held_agent)
-                print("\nStreams held open through the gateway (pass-through to an upstream that never ends them),")
-                print("with 20 sequential /v1/route requests meanwhile:\n")
-                print("| streams asked | held open | /v1/route p50 ms | /v1/route p99 ms | ingress RSS MB |")
-                print("| ---: | ---: | ---: | ---: | ---: |")
-                for count in (int(n) for n in args.streams.split(",")):
-                    held_open, routes, rss = asyncio.run(hold_streams(service.url, held, held_agent, count))
-                    p50, p99 = percentiles(routes)
-                    print(f"| {count} | {held_open} | {p50:.0f} | {p99:.0f} | {rss:.0f} |")
-                    deadline = time.monotonic() + 60
-                    while held.holding and time.monotonic() < deadline:
-                        time.sleep(0.2)
-                    if held_open < count:
-                        break
+            for mode in args.modes.split(","):
+                print(f"\n## Ray Serve in {mode} mode")
+                with serve(
+                    None, port=free_port(), pool_file=pool_file, blocking=False, throughput_mode=mode == "throughput"
+                ) as service:
+                    measure(service.url, upstream, held, held_agent, args)
+
+
+def measure(gateway: str, upstream, held: HeldUpstream, held_agent: str, args: argparse.Namespace) -> None:
+    latency_table(gateway, upstream, args.requests, held_agent)
+    print("\nStreams held open through the gateway (pass-through to an upstream that never ends them),")
+    print("with 20 sequential /v1/route requests meanwhile:\n")
+    print("| streams asked | held open | /v1/route p50 ms | /v1/route p99 ms | ingress RSS MB |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for count in (int(n) for n in args.streams.split(",") if n):
+        held_open, routes, rss = asyncio.run(hold_streams(gateway, held, held_agent, count))
+        p50, p99 = percentiles(routes)
+        print(f"| {count} | {held_open} | {p50:.0f} | {p99:.0f} | {rss:.0f} |")
+        deadline = time.monotonic() + 60
+        while held.holding and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if held_open < count:
+            break
 
 
 if __name__ == "__main__":

@@ -304,3 +304,17 @@ def test_the_application_for_serve_run_is_the_one_serve_deploys():
         app_builder({"replicas": "two"})
     with pytest.raises(InputError, match="replicas must be a positive integer"):
         app_builder({"replicas": "0"})
+
+
+def test_the_ingress_never_loads_a_tokenizer_or_the_model():
+    """The replicas tokenize every query; the ingress only checks that each is text, so its process never
+    imports torch, transformers or tokenizers (nor pays their start-up and memory)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, benchgen_router.serving.app, benchgen_router.serving.gateway; "
+        "print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

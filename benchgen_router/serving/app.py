@@ -322,6 +322,9 @@ class RouterIngress:
 
     async def description(self, wait_s: float | None) -> dict[str, Any]:
         # Asked once and shared; a 503 for as long as no replica has loaded the router (wait_s None: wait).
+        described = self.described
+        if described is not None and described.done() and not described.cancelled() and not described.exception():
+            return described.result()  # every request once loaded: no timer, no shield
         if self.described is None or (self.described.done() and self.described.exception() is not None):
             # In a context of its own: created inside a request's, the call would carry that request's
             # id, and be cancelled with it when that client goes away, for every caller sharing it.
@@ -336,7 +339,10 @@ class RouterIngress:
             raise RequestError(503, f"no router replica answers ({type(err).__name__}); retry.") from None
 
     async def ask_description(self) -> dict[str, Any]:
-        return await self.router.describe.remote()
+        described = await self.router.describe.remote()
+        # Once, not per request: the gateway's model names take the operating points' names.
+        described["point_names"] = [point["name"] for point in described["points"] or ()]
+        return described
 
     async def get_startup_problem(self) -> str | None:
         # For the driver, which stops the service with this line rather than serve 503s forever.
@@ -479,8 +485,7 @@ class RouterIngress:
         body = await read_body(request, gateway.settings.max_request_bytes)
         big = len(body) > LARGE_BODY_BYTES
         payload = await off_loop(big, parse_chat_body, body)
-        points = [point["name"] for point in described["points"] or ()]
-        target = parse_model(payload.get("model"), gateway.settings.upstreams, points)
+        target = parse_model(payload.get("model"), gateway.settings.upstreams, described["point_names"])
         if target.upstream is not None:
             return await gateway.forward(payload, Plan(attempts=(target.upstream,), routed=False), big)
         text = routing_text(payload.get("messages"), gateway.settings.route_on)
@@ -508,5 +513,4 @@ class RouterIngress:
         raise GatewayError(404, f"the model {model!r} does not exist here; see GET /v1/models.", code="model_not_found")
 
     def model_names(self, described: dict[str, Any]) -> list[str]:
-        points = [point["name"] for point in described["points"] or ()]
-        return model_names(points, [agent["id"] for agent in described["pool"]])
+        return model_names(described["point_names"], [agent["id"] for agent in described["pool"]])

@@ -5,7 +5,9 @@ router replicas (serving.replica) on Ray Serve, on a private local Ray or a clus
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -21,12 +23,14 @@ from ray import serve as ray_serve
 
 from benchgen_router.costs import read_pool_file, read_pool_rows
 from benchgen_router.errors import InputError, Terminated, first_line, setting_error
+from benchgen_router.serving import engine
 from benchgen_router.serving.app import (
     DEFAULT_MAX_QUERIES,
     DEFAULT_MAX_REQUEST_BYTES,
     INGRESS_MAX_ONGOING,
     RouterIngress,
 )
+from benchgen_router.serving.engine import choose_mode, started_in
 from benchgen_router.serving.gateway import DEFAULT_MAX_REQUEST_BYTES as GATEWAY_MAX_REQUEST_BYTES
 from benchgen_router.serving.gateway import DEFAULT_TIMEOUT_S as GATEWAY_TIMEOUT_S
 from benchgen_router.serving.gateway import GatewaySettings, check_gateway_settings, names_upstreams
@@ -86,10 +90,28 @@ def drain_ingress() -> None:
     application = ray_serve.status().applications.get(APP_NAME)
     if application is None or application.status != "RUNNING":
         return
-    handle = ray_serve.get_app_handle(APP_NAME)
-    left = handle.drain.remote(DRAIN_TIMEOUT_S).result(timeout_s=DRAIN_TIMEOUT_S + 5)
+    left = call_ingress("drain", DRAIN_TIMEOUT_S, timeout_s=DRAIN_TIMEOUT_S + 5)
     if left:
         logger.warning("stopping with %d request%s unanswered after %g s", left, "s" * (left != 1), DRAIN_TIMEOUT_S)
+
+
+def call_ingress(method: str, *args: Any, timeout_s: float | None = None) -> Any:
+    """Call a method of the ingress from synchronous code. In Ray Serve's throughput-optimized mode a
+    handle routes on the event loop it was made on, and so needs a loop that runs for as long as the
+    process may call it: one thread's, kept for the process (Ray Serve's own default does the same)."""
+
+    async def ask() -> Any:
+        handle = ray_serve.get_app_handle(APP_NAME)
+        return await asyncio.wait_for(getattr(handle, method).remote(*args), timeout_s)
+
+    return asyncio.run_coroutine_threadsafe(ask(), handle_loop()).result()
+
+
+@functools.cache
+def handle_loop() -> asyncio.AbstractEventLoop:
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="benchgen-router-handles", daemon=True).start()
+    return loop
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -133,16 +155,18 @@ def check_reachable(address: str) -> None:
         ) from None
 
 
-def start_ray(address: str | None, num_cpus: int, metrics_port: int | None = None) -> tuple[bool, bool]:
+def start_ray(
+    address: str | None, num_cpus: int, metrics_port: int | None = None, mode: str | None = None
+) -> tuple[bool, bool]:
     """(owns the Ray, connected here): join `address`, else this process's Ray, else start a private
-    one (address "local": never someone else's) with no dashboard."""
+    one (address "local": never someone else's) with no dashboard, its Ray Serve in `mode`."""
     if ray.is_initialized():
         return False, False
     if address:
         check_reachable(address)
         ray.init(address=address)
         return False, True
-    with single_machine_ray():
+    with single_machine_ray(), started_in(mode):
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _metrics_export_port=metrics_port)
     return True, True
 
@@ -315,6 +339,7 @@ def serve(
     gateway_fallback: str | None = None,
     gateway_timeout_s: float = GATEWAY_TIMEOUT_S,
     gateway_max_request_bytes: int = GATEWAY_MAX_REQUEST_BYTES,
+    throughput_mode: bool | None = None,
 ) -> RunningService | None:
     """Serve the router over HTTP on host:port (arguments and lifecycle: docs/service.md). Settings are
     checked before Ray starts, so that a mistake is one InputError line in a second, not a minute."""
@@ -326,6 +351,7 @@ def serve(
         pool_file, model, revision, route_on, gateway_fallback, gateway_timeout_s, gateway_max_request_bytes
     )
     local = not address and not ray.is_initialized()
+    mode, mode_fallback = choose_mode(throughput_mode, joins_running_ray=not local)
     if local:
         metrics_port = check_local_machine(host, port, replicas * cpus, ray_cpus, metrics_port)
     application = build_application(
@@ -355,6 +381,8 @@ def serve(
         replicas=replicas,
         cpus=cpus,
         gateway_agents=len(gateway.upstreams.agents) if gateway is not None else 0,
+        mode=mode,
+        mode_fallback=mode_fallback,
     )
     return run_service(application, plan, blocking)
 
@@ -374,6 +402,8 @@ class ServicePlan:
     replicas: int
     cpus: int  # per replica
     gateway_agents: int = 0  # agents with an upstream: the OpenAI-compatible gateway is on
+    mode: str | None = None  # Ray Serve's data plane in a Ray the service starts (serving.engine)
+    mode_fallback: str | None = None  # why that is standard mode when throughput mode was wanted
 
 
 def check_service_settings(
@@ -413,7 +443,7 @@ def run_service(application: Any, plan: ServicePlan, blocking: bool) -> RunningS
     owns_ray = connected = False
     sigterm = SigtermOnce()
     try:
-        owns_ray, connected = start_ray(plan.address, plan.num_cpus, plan.metrics_port)
+        owns_ray, connected = start_ray(plan.address, plan.num_cpus, plan.metrics_port, plan.mode)
         if blocking:
             sigterm.install()  # after ray.init, which sets its own handler
         service = deploy(application, plan, owns_ray, connected)
@@ -463,8 +493,8 @@ def deploy(application: Any, plan: ServicePlan, owns_ray: bool, connected: bool)
         http_options={"host": plan.host, "port": plan.port},
         logging_config={"log_level": plan.system_log_level, "enable_access_log": plan.access_log},
     )
-    handle = ray_serve.run(application, name=APP_NAME, route_prefix="/")
-    problem = handle.get_startup_problem.remote().result()
+    ray_serve.run(application, name=APP_NAME, route_prefix="/")
+    problem = call_ingress("get_startup_problem")
     if problem:
         raise InputError(problem)
     return RunningService(
@@ -476,8 +506,11 @@ def deploy(application: Any, plan: ServicePlan, owns_ray: bool, connected: bool)
 
 
 def log_started(service: RunningService, plan: ServicePlan) -> None:
+    if plan.mode_fallback:
+        logger.warning("Ray Serve in standard mode: %s", plan.mode_fallback)
+    modes = {engine.THROUGHPUT: "throughput mode (HAProxy)", engine.STANDARD: "standard mode", None: "the Ray's mode"}
     logger.info(
-        "serving %s on %s (API at %s/docs%s); %d replica%s, %d CPU%s each",
+        "serving %s on %s (API at %s/docs%s); %d replica%s, %d CPU%s each; Ray Serve in %s",
         plan.router,
         service.url,
         service.url,
@@ -486,6 +519,7 @@ def log_started(service: RunningService, plan: ServicePlan) -> None:
         "s" * (plan.replicas != 1),
         plan.cpus,
         "s" * (plan.cpus != 1),
+        modes[plan.mode],
     )
     if plan.gateway_agents:
         logger.info("OpenAI-compatible gateway at %s/v1 in front of %d agents", service.url, plan.gateway_agents)
