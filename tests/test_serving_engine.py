@@ -53,12 +53,11 @@ def test_a_running_ray_keeps_its_mode_and_asking_for_one_is_refused(asked):
 
 
 def test_throughput_mode_sets_every_variable_it_needs_with_free_haproxy_ports(monkeypatch):
-    for name in (*engine.HAPROXY_PORT_VARIABLES, engine.LOG_TO_STDERR_VARIABLE, engine.QUEUE_LENGTH_DEADLINE_VARIABLE):
+    for name in (*engine.HAPROXY_PORT_VARIABLES, engine.LOG_TO_STDERR_VARIABLE):
         monkeypatch.delenv(name, raising=False)
     values = mode_environment(THROUGHPUT)
     assert values["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == values["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert values[engine.LOG_TO_STDERR_VARIABLE] == "1"  # a replica's warnings reach the terminal
-    assert values[engine.QUEUE_LENGTH_DEADLINE_VARIABLE] == engine.QUEUE_LENGTH_DEADLINE_S
     ports = [int(values[name]) for name in engine.HAPROXY_PORT_VARIABLES]
     assert len(set(ports)) == 2 and 8404 not in ports and 9101 not in ports  # not HAProxy's fixed defaults
     for port in ports:  # free where HAProxy binds them: every interface
@@ -68,14 +67,10 @@ def test_throughput_mode_sets_every_variable_it_needs_with_free_haproxy_ports(mo
 
 def test_a_users_own_settings_are_kept_and_standard_mode_turns_both_switches_off(monkeypatch):
     monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "18404")
-    monkeypatch.setenv(engine.QUEUE_LENGTH_DEADLINE_VARIABLE, "2")
-    assert mode_environment(THROUGHPUT)["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
-    standard = mode_environment(STANDARD)
-    assert standard == {
-        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "0",
-        "RAY_SERVE_ENABLE_HA_PROXY": "0",
-        engine.QUEUE_LENGTH_DEADLINE_VARIABLE: "2",
-    }
+    monkeypatch.setenv(engine.LOG_TO_STDERR_VARIABLE, "0")
+    chosen = mode_environment(THROUGHPUT)
+    assert chosen["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404" and chosen[engine.LOG_TO_STDERR_VARIABLE] == "0"
+    assert mode_environment(STANDARD) == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0", "RAY_SERVE_ENABLE_HA_PROXY": "0"}
 
 
 def test_the_environment_is_set_only_while_ray_starts(monkeypatch):

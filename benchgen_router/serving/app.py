@@ -44,6 +44,7 @@ from benchgen_router.serving.gateway import (
     routed_plan,
     routing_text,
 )
+from benchgen_router.serving.logs import quiet_repeated_warnings
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -304,6 +305,7 @@ class RouterIngress:
     ) -> None:
         from ray.serve.metrics import Counter as ServeCounter
 
+        quiet_repeated_warnings()  # this process routes to the replicas, and so probes them
         self.router = router
         self.gateway = Gateway(gateway) if gateway is not None else None
         self.created = int(time.time())  # the "created" of the models GET /v1/models lists

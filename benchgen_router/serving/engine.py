@@ -29,11 +29,6 @@ MODE_VARIABLES = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY")
 # second service on the machine would fail to start: each private Ray gets free ones, unless the
 # user chose them.
 HAPROXY_PORT_VARIABLES = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
-# A replica that is busy scoring answers the ingress's queue-length probes late; Ray Serve's 0.1 s
-# deadline then logs a warning per probe under load. The router's replicas answer within one forward
-# pass (tens of milliseconds), so a deadline of a few passes still routes around a dead replica fast.
-QUEUE_LENGTH_DEADLINE_VARIABLE = "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S"
-QUEUE_LENGTH_DEADLINE_S = "0.5"
 # Throughput mode sends the replicas' logs to files only, buffered a thousand records at a time, so
 # a replica's warnings and errors would never reach the terminal: kept on stderr, as in standard mode
 # (with access logs off, nothing is logged per request).
@@ -95,7 +90,6 @@ def mode_environment(mode: str) -> dict[str, str]:
         for name in HAPROXY_PORT_VARIABLES:
             values[name] = os.environ.get(name) or str(unused_port())
         values[LOG_TO_STDERR_VARIABLE] = os.environ.get(LOG_TO_STDERR_VARIABLE, "1")
-    values[QUEUE_LENGTH_DEADLINE_VARIABLE] = os.environ.get(QUEUE_LENGTH_DEADLINE_VARIABLE, QUEUE_LENGTH_DEADLINE_S)
     return values
 
 
