@@ -96,11 +96,16 @@ def test_warning_lines_of_each_log_format_are_found_and_masked():
         "WARNING 2026-12-02 07:40:46,535 serve 4131 -- Failed to get queue length from Replica(id='ab12cd34ef') "
         "within 0.1s."
     )
-    assert warning_key(serve_line) == "WARNING Failed to get queue length from Replica(id='#') within #s."
+    assert warning_key(serve_line) == "WARNING Failed to get queue length from Replica(id=#) within #.#."
     ray_line = "2026-12-02 07:39:00,826\tERROR worker.py:85 -- Task 7 failed"
     assert warning_key(ray_line) == "ERROR Task # failed"
     assert warning_key("WARNING:benchgen_router.serving:a client disconnected after 12 bytes") == (
         "WARNING a client disconnected after # bytes"
     )
+    capacity = (
+        "WARNING 2026-12-02 09:01:02,003 serve 77 -- Replica at capacity of max_ongoing_requests=64, rejecting "
+        "request 5f0c2a9e-1b7d-4c3e-a8f1-0d2b9c7e6a45."
+    )
+    assert warning_key(capacity) == "WARNING Replica at capacity of max_ongoing_requests=#, rejecting request #."
     assert warning_key("INFO 2026-12-02 07:40:46,535 serve 4131 -- Deleting app") is None
     assert warning_key("a line about WARNINGS in general") is None

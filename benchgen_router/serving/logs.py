@@ -1,7 +1,8 @@
 """Ray Serve's warnings that repeat under load, one line a minute instead of one per request.
 
 When the machine's cores are all busy, a router replica answers the ingress's queue-length probes
-late, and Ray Serve logs a warning per late probe: hundreds a minute, which bury every other line.
+late, and hands back requests beyond its limit, and Ray Serve logs a warning for each: hundreds a
+minute, which bury every other line.
 The first of each is logged as it comes; later ones are counted and logged once a period with
 their count, so a real and lasting problem still shows, at a rate someone can read.
 """
@@ -12,8 +13,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-# What Ray Serve's request router logs when a replica is slow to answer a probe.
-REPEATING_UNDER_LOAD = ("Failed to get queue length from",)
+# What Ray Serve logs when a replica is slow to answer the ingress's probe, and when a replica
+# hands a request back because it holds its max_ongoing_requests already (the request is then
+# sent to another replica, or again): both are routine on a saturated machine.
+REPEATING_UNDER_LOAD = ("Failed to get queue length from", "Replica at capacity of max_ongoing_requests")
 PERIOD_S = 60.0
 
 

@@ -19,6 +19,7 @@ from ray import serve as ray_serve
 from benchgen_router.errors import InputError, RouterError, RouterTypeError
 from benchgen_router.loading import load_router
 from benchgen_router.routing import EMPTY_QUERY, operating_point_of, route_results
+from benchgen_router.serving.logs import quiet_repeated_warnings
 
 REPLICA_NAME = "Router"
 # One torch thread per CPU a replica is given: threads beyond the free cores spin waiting for cores
@@ -163,6 +164,7 @@ class RouterReplica:
         operating_point: str | None = None,
     ) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer runs in two threads
+        quiet_repeated_warnings()  # a replica at capacity says so for each request it hands back
         set_torch_threads(threads)
         # The model runs in one worker thread, so the event loop keeps taking requests (and
         # gathering the next batch) while a batch is scored.
