@@ -12,6 +12,7 @@ answered, their p99 and the replicas' memory before and after."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import signal
@@ -76,6 +77,22 @@ def probe_until_ready(child: subprocess.Popen, url: str, log_path: Path) -> list
             return probes
         time.sleep(0.05)
     raise AssertionError(f"the service did not come up: {log_path.read_text()[-3000:]}")
+
+
+def wait_for_log(log_path: Path, text: str, timeout_s: float = 30) -> str:
+    """The log once it holds `text`: /healthz can answer before the command has logged that it
+    is serving."""
+    deadline = time.monotonic() + timeout_s
+    while text not in (log := log_path.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert text in log, log[-3000:]
+    return log
+
+
+def is_loopback(ip: str) -> bool:
+    """127.0.0.1, ::1, or 127.0.0.1 as an IPv6 socket sees it (::ffff:127.0.0.1)."""
+    address = ipaddress.ip_address(ip)
+    return address.is_loopback or bool(getattr(address, "ipv4_mapped", None) and address.ipv4_mapped.is_loopback)
 
 
 def processes_of(child: subprocess.Popen, title: str) -> list[psutil.Process]:
@@ -195,10 +212,7 @@ def test_a_client_gone_mid_body_is_one_log_line(served):
     with socket.create_connection((host, int(port)), timeout=10) as connection:
         connection.sendall(head + b'{"queries": ["half')
         time.sleep(0.5)
-    deadline = time.monotonic() + 30  # Ray forwards the replicas' log lines within seconds
-    while "disconnected after" not in log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    log = log_path.read_text()
+    log = wait_for_log(log_path, "disconnected after")  # Ray forwards the replicas' lines within seconds
     assert log.count("disconnected after") == 1
     assert "Traceback" not in log and "ClientDisconnect" not in log
     assert route(url, QUERIES[:1])[0] == 200
@@ -206,7 +220,8 @@ def test_a_client_gone_mid_body_is_one_log_line(served):
 
 def test_the_metrics_port_listens_on_loopback_only(served):
     _, _, _, log_path = served
-    port = int(log_path.read_text().split("metrics at http://127.0.0.1:", 1)[1].split("/", 1)[0])
+    marker = "metrics at http://127.0.0.1:"
+    port = int(wait_for_log(log_path, marker).split(marker, 1)[1].split("/", 1)[0])
     listening = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
     assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening), listening
 
@@ -224,12 +239,12 @@ def listeners(port: int) -> list[tuple[str, str]]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray Serve's HAProxy ingress ships for Linux only")
 def test_by_default_haproxy_answers_on_loopback_in_front_of_the_ingress(served):
     child, url, _, log_path = served
-    assert "Ray Serve in throughput mode (HAProxy)" in log_path.read_text()
+    wait_for_log(log_path, "Ray Serve in throughput mode (HAProxy)")
     assert listeners(int(url.rsplit(":", 1)[1])) == [("haproxy", "127.0.0.1")]
     # The ingress replica's own HTTP server, which HAProxy forwards to, is on loopback too.
     (ingress,) = processes_of(child, "ServeReplica:benchgen-router:Ingress")
     http_servers = [c for c in ingress.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.ip != "::"]
-    assert http_servers and all(c.laddr.ip == "127.0.0.1" for c in http_servers), http_servers
+    assert http_servers and all(is_loopback(c.laddr.ip) for c in http_servers), http_servers
 
 
 def test_sigterm_under_load_answers_every_request_in_flight(served):
@@ -257,7 +272,7 @@ def test_standard_mode_serves_behind_ray_serves_proxy_and_ctrl_c_exits_130(tmp_p
     child, url = start_cli_service(log_path, "--no-throughput-mode")
     try:
         probe_until_ready(child, url, log_path)
-        assert "Ray Serve in standard mode" in log_path.read_text()
+        wait_for_log(log_path, "Ray Serve in standard mode")
         assert [name for name, _ in listeners(int(url.rsplit(":", 1)[1]))] == ["ray::ProxyActor"]
         status, body = route(url, QUERIES[:2])
         assert status == 200 and len(body["results"]) == 2
