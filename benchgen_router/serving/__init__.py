@@ -1,8 +1,11 @@
 """The router as an HTTP service on Ray Serve, and bulk routing of files with Ray Data.
 
     app      the HTTP API: the ingress deployment, its schemas, request checks, errors as JSON
+    gateway  the OpenAI-compatible gateway: forwarding a request to the picked agent
     replica  the deployment that holds the router: batching and scoring
     service  starting and stopping it: serve()
+    engine   which of Ray Serve's data planes a private Ray runs (throughput or standard mode)
+    logs     Ray Serve's repeated warnings, rate-limited
     bulk     routing a file with a pool of Ray actors: route_file_with_ray()
 
 The names below load lazily: the ingress's worker imports only `app`, and so never torch.
@@ -23,7 +26,7 @@ _LAZY = {
     "APP_NAME": "service",
     "build_application": "service",
     "RunningService": "service",
-    "free_port": "service",
+    "free_port": "engine",
     "read_pool_file": "service",
     "serve": "service",
     "BulkResult": "bulk",

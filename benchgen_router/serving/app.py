@@ -324,10 +324,12 @@ class RouterIngress:
 
     async def description(self, wait_s: float | None) -> dict[str, Any]:
         # Asked once and shared; a 503 for as long as no replica has loaded the router (wait_s None: wait).
-        described = self.described
-        if described is not None and described.done() and not described.cancelled() and not described.exception():
-            return described.result()  # every request once loaded: no timer, no shield
-        if self.described is None or (self.described.done() and self.described.exception() is not None):
+        # (Shielded, the shared task is never cancelled by a caller.)
+        if self.described is not None and self.described.done():
+            if self.described.exception() is None:
+                return self.described.result()  # every request once loaded: no timer, no shield
+            self.described = None  # no replica answered that time: ask again
+        if self.described is None:
             # In a context of its own: created inside a request's, the call would carry that request's
             # id, and be cancelled with it when that client goes away, for every caller sharing it.
             self.described = asyncio.get_running_loop().create_task(

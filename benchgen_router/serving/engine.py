@@ -88,7 +88,8 @@ def mode_environment(mode: str) -> dict[str, str]:
     values = dict.fromkeys(MODE_VARIABLES, "1" if mode == THROUGHPUT else "0")
     if mode == THROUGHPUT:
         for name in HAPROXY_PORT_VARIABLES:
-            values[name] = os.environ.get(name) or str(unused_port())
+            # HAProxy binds these on every interface, so they are probed there.
+            values[name] = os.environ.get(name) or str(free_port(""))
         values[LOG_TO_STDERR_VARIABLE] = os.environ.get(LOG_TO_STDERR_VARIABLE, "1")
     return values
 
@@ -110,8 +111,8 @@ def started_in(mode: str | None) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def unused_port() -> int:
-    # HAProxy binds these on every interface, so they are probed there.
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on at `host` now ("" for every interface)."""
     with socket.socket() as probe:
-        probe.bind(("", 0))
+        probe.bind((host, 0))
         return probe.getsockname()[1]

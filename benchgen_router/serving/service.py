@@ -30,7 +30,7 @@ from benchgen_router.serving.app import (
     INGRESS_MAX_ONGOING,
     RouterIngress,
 )
-from benchgen_router.serving.engine import choose_mode, started_in
+from benchgen_router.serving.engine import choose_mode, free_port, started_in
 from benchgen_router.serving.gateway import DEFAULT_MAX_REQUEST_BYTES as GATEWAY_MAX_REQUEST_BYTES
 from benchgen_router.serving.gateway import DEFAULT_TIMEOUT_S as GATEWAY_TIMEOUT_S
 from benchgen_router.serving.gateway import GatewaySettings, check_gateway_settings, names_upstreams
@@ -112,12 +112,6 @@ def handle_loop() -> asyncio.AbstractEventLoop:
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, name="benchgen-router-handles", daemon=True).start()
     return loop
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
