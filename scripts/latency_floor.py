@@ -108,15 +108,13 @@ def measure_mode(mode: str, requests: int) -> None:
     from ray import serve as ray_serve
 
     from benchgen_router.serving import free_port, serve
-    from benchgen_router.serving.engine import started_in
-    from benchgen_router.serving.service import single_machine_ray
+    from benchgen_router.serving.service import start_ray
 
     print(f"\n## Ray Serve in {mode} mode\n")
     print("| request | p50 ms |")
     print("| --- | ---: |")
     port = free_port()
-    with single_machine_ray(), started_in(mode):
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning")
+    start_ray(None, num_cpus=2, mode=mode)  # a private Ray in `mode`, as serve() starts one
     try:
         ray_serve.start(http_options={"host": HOST, "port": port}, logging_config={"enable_access_log": False})
         ray_serve.run(empty_app(), name="empty", route_prefix="/")

@@ -28,6 +28,7 @@ import numpy as np
 import psutil
 import pytest
 
+from benchgen_router.serving import free_port
 from helpers import AGENTS, PROJECT_ROOT, make_queries
 from http_client import raw_exchange, request
 
@@ -37,12 +38,6 @@ pytestmark = pytest.mark.slow
 MAX_BYTES = 4096
 BODY_TIMEOUT_S = 10  # the service's (serving.app.BODY_TIMEOUT_S)
 QUERIES = make_queries(32, seed=11)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_cli_service(log_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -92,7 +87,7 @@ def wait_for_log(log_path: Path, text: str, timeout_s: float = 30) -> str:
 def is_loopback(ip: str) -> bool:
     """127.0.0.1, ::1, or 127.0.0.1 as an IPv6 socket sees it (::ffff:127.0.0.1)."""
     address = ipaddress.ip_address(ip)
-    return address.is_loopback or bool(getattr(address, "ipv4_mapped", None) and address.ipv4_mapped.is_loopback)
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
 
 
 def processes_of(child: subprocess.Popen, title: str) -> list[psutil.Process]:

@@ -36,7 +36,7 @@ CONCURRENCY = (1, 8, 32, 128)
 ROLES = ("router replica", "ingress", "Ray Serve proxy", "HAProxy and its manager", "other Ray processes")
 # "WARNING ... -- message" (Ray Serve), "... WARNING file.py:85 -- message" (Ray), "WARNING:name:message".
 LOG_LEVEL = re.compile(r"\b(WARNING|ERROR)\b(?:.*? -- |:[\w.]*:)(.*)")
-MASKED = re.compile(r"id='[^']*'|[\w-]*\d[\w-]*")  # ids, and every word with a digit (numbers, uuids)
+MASKED = re.compile(r"(?<=id=)'[^']*'|[\w-]*\d[\w-]*")  # ids, and every word with a digit (numbers, uuids)
 FLOOD_LINES = 10  # the same warning this many times in one mode's run is a flood
 BURNER = "bench-service-cpu-burner"  # in the burner's command line, so its CPU time is left out
 SUBJECTS = ("derivative", "integral", "prime", "triangle", "enzyme", "matrix", "treaty", "glacier", "orbit", "sonnet")
@@ -223,10 +223,7 @@ def log_warnings() -> Counter:
 def warning_key(line: str) -> str | None:
     """ "LEVEL message" of a warning or error line, numbers and ids masked; None for other lines."""
     found = LOG_LEVEL.search(line)
-    if found is None:
-        return None
-    masked = MASKED.sub(lambda part: "id=#" if part.group().startswith("id=") else "#", found.group(2).strip())
-    return f"{found.group(1)} {masked[:100]}"
+    return None if found is None else f"{found.group(1)} {MASKED.sub('#', found.group(2).strip())[:100]}"
 
 
 def warning_lines(counts: Counter, mode: str, requests: int) -> list[str]:
