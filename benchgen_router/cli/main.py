@@ -31,6 +31,7 @@ COMMANDS = {
     "serve": "serve",
     "frontier": "frontier",
     "collect": "collect",
+    "import": "import_outcomes",
 }
 
 
