@@ -1,0 +1,137 @@
+"""`benchgen-router import` as users run it: RouteLLM's files (a slice of the real ones) into the three files,
+which `train` and `evaluate` then read; the long format with a pool; bad input as one line, exit 2, nothing
+written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from helpers import SHARED, cli, run_tool
+
+MMLU = SHARED / "routellm-evals" / "mmlu"
+SLICE = [MMLU / "responses" / "mmlu_machine_learning.csv", MMLU / "responses" / "mmlu_college_chemistry.csv"]
+needs_routellm = pytest.mark.skipif(
+    not (MMLU / "responses").is_dir(), reason=f"RouteLLM's evaluation data not found at {MMLU.parent} (CI has it)"
+)
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+@needs_routellm
+def test_routellm_slice_imports_and_train_and_evaluate_read_it(tmp_path, backbone_dir):
+    contaminated = {
+        json.loads(line)["eval_prompt"] for line in (MMLU / "contaminated_prompts.jsonl").read_text().splitlines()
+    }
+    rows = []
+    for path in SLICE:
+        with open(path, newline="", encoding="utf-8") as handle:
+            rows.extend(csv.DictReader(handle))
+    dropped = sum(row["prompt"] in contaminated for row in rows)
+    out = tmp_path / "mmlu"
+    result = run_tool(
+        "import", "--routellm", *SLICE, "--contaminated", MMLU / "contaminated_prompts.jsonl", "--output-dir", out
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"import: {len(rows) - dropped} tasks x 2 agents from 2 files, 2 groups; {dropped} contaminated" in (
+        result.stdout
+    )
+    assert "cost counts calls (not USD)" in result.stdout and "calls (1 per call, not USD)" in result.stdout
+    tasks = [json.loads(line) for line in (out / "tasks.jsonl").read_text().splitlines()]
+    assert len(tasks) == len(rows) - dropped and not {task["prompt"] for task in tasks} & contaminated
+
+    common = ["--rewards", out / "rewards.jsonl", "--tasks", out / "tasks.jsonl", "--no-progress"]
+    trained = run_tool(
+        "train", *common, "--calls", out / "calls.jsonl", "--backbone", backbone_dir, "--generations", "3",
+        "--cv-folds", "0", "--output-dir", tmp_path / "run", "--export", tmp_path / "router",
+        "--cache-dir", tmp_path / "cache",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["n_total"] == len(rows) - dropped
+    assert manifest["agent_order"] == ["mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"]
+    evaluated = run_tool("evaluate", "--model", tmp_path / "router", *common)
+    assert evaluated.returncode == 0, evaluated.stderr
+
+
+def test_long_file_with_a_pool_is_priced_per_token(tmp_path, capsys):
+    path = write_csv(
+        tmp_path / "toolkit.csv",
+        ["question", "model", "isCorrect", "output_tokens"],
+        [["q1", "small", "True", 1000], ["q1", "large", "True", 2000], ["q2", "small", "False", 500],
+         ["q2", "large", "True", 4000]],
+    )  # fmt: skip
+    pool = tmp_path / "agents.json"
+    pool.write_text(json.dumps([
+        {"agent_id": "small", "price_per_1m_prompt_usd": 0.1, "price_per_1m_output_usd": 1.0},
+        {"agent_id": "large", "price_per_1m_prompt_usd": 2.0, "price_per_1m_output_usd": 10.0},
+    ]))  # fmt: skip
+    assert cli("import", "--long", path, "--pool", pool, "--output-dir", tmp_path / "out") == 0
+    stdout = capsys.readouterr().out
+    assert "small: mean reward 0.5000, mean cost 0.00075 USD per call" in stdout  # (1000 + 500) / 2 tokens at $1/1M
+    assert "large: mean reward 1.0000, mean cost 0.03 USD per call" in stdout  # (2000 + 4000) / 2 tokens at $10/1M
+    calls = [json.loads(line) for line in (tmp_path / "out" / "calls.jsonl").read_text().splitlines()]
+    assert [call["cost_usd"] for call in calls[1]["calls"]] == [500 * 1.0 / 1e6, 4000 * 10.0 / 1e6]
+    assert [call["completion_tokens"] for call in calls[1]["calls"]] == [500, 4000]
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "message"),
+    [
+        (
+            {"o.csv": b"prompt,model,correct\nq,a,1\nq,b,yes\nr,a,1\n"},
+            ["--long", "o.csv"],
+            "o.csv: prompt 'r' (line 4) has no row for model 'b'; every prompt needs one row per model, or pass "
+            "--drop-incomplete to leave such prompts out.",
+        ),
+        (
+            {"o.csv": b"prompt,model,correct\nq,a,0.5\nq,b,1\n"},
+            ["--long", "o.csv"],
+            "pass --correct-at SCORE to count a score from SCORE up as correct",
+        ),
+        ({"o.pkl": pickle.dumps([1])}, ["--long", "o.pkl"], "o.pkl is a pickle"),
+        ({"o.csv": pickle.dumps({"a": 1})}, ["--routellm", "o.csv"], "o.csv holds a pickle"),
+        ({"s.csv": b"prompt,m1,m2\nq,True,Nope\n"}, ["--routellm", "s.csv"], "s.csv line 2: 'm2' is 'Nope'"),
+        (
+            {"o.csv": b"prompt,model,correct\nq,a,1\n", "c.jsonl": b'{"train_prompt": "x"}\n'},
+            ["--long", "o.csv", "--contaminated", "c.jsonl"],
+            "c.jsonl line 1 has no eval_prompt",
+        ),
+        ({"o.csv": b"q,who,ok\nq,a,1\n"}, ["--long", "o.csv"], "Pass --prompt-column NAME"),
+        ({"o.csv": b"prompt,model,correct\nq,a,1\n"}, ["--long", "o.csv", "--models", "a"], "--models is for"),
+        ({"s.csv": b"prompt,m\nq,True\n"}, ["--routellm", "s.csv", "--correct-at", "0.5"], "are for --long"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, monkeypatch, files, args, message):
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    monkeypatch.chdir(tmp_path)
+    assert cli("import", *args, "--output-dir", "out") == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert message in lines[-1] and lines[-1].startswith(("error: ", "usage: ", "benchgen-router import: error: "))
+    assert "Traceback" not in "\n".join(lines)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_import_leaves_earlier_files_as_they_were(tmp_path, capsys):
+    good = write_csv(tmp_path / "good.csv", ["prompt", "model", "correct"], [["q", "a", 1], ["q", "b", 0]])
+    assert cli("import", "--long", good, "--output-dir", tmp_path / "out") == 0
+    before = {path.name: path.read_bytes() for path in (tmp_path / "out").iterdir()}
+    bad = write_csv(tmp_path / "bad.csv", ["prompt", "model", "correct"], [["q", "a", 1], ["q", "a", 0]])
+    assert cli("import", "--long", bad, "--output-dir", tmp_path / "out") == 2
+    assert "bad.csv line 3 repeats prompt 'q' for model 'a'" in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in (tmp_path / "out").iterdir()} == before
