@@ -50,7 +50,7 @@ def test_routellm_slice_imports_and_train_and_evaluate_read_it(tmp_path, backbon
     assert f"import: {len(rows) - dropped} tasks x 2 agents from 2 files, 2 groups; {dropped} contaminated" in (
         result.stdout
     )
-    assert "cost counts calls (not USD)" in result.stdout and "calls (1 per call, not USD)" in result.stdout
+    assert "cost counts calls (not USD)" in result.stdout and "cost 1 per call (a count)" in result.stdout
     tasks = [json.loads(line) for line in (out / "tasks.jsonl").read_text().splitlines()]
     assert len(tasks) == len(rows) - dropped and not {task["prompt"] for task in tasks} & contaminated
 

@@ -152,12 +152,12 @@ def run(args: argparse.Namespace) -> int:
     groups = len({group for group in outcomes.groups if group is not None})
     print(
         f"import: {written.tasks} tasks x {len(written.agents)} agents from {files}"
-        + (f", {groups} groups" if groups else "")
+        + (f", {groups} group" + ("s" if groups != 1 else "") if groups else "")
         + f"; {outcomes.dropped_contaminated} contaminated rows dropped"
     )
-    unit = "USD per call" if written.cost_unit == "usd" else "calls (1 per call, not USD)"
     for agent, reward, cost in zip(written.agents, written.mean_reward, written.mean_cost, strict=True):
-        print(f"  {agent}: mean reward {reward:.4f}, mean cost {cost:.6g} {unit}")
+        spent = f"mean cost {cost:.6g} USD per call" if written.cost_unit == "usd" else "cost 1 per call (a count)"
+        print(f"  {agent}: mean reward {reward:.4f}, {spent}")
     for note in written.notes:
         print(f"note: {note}")
     print("wrote " + ", ".join(str(path) for path in written.paths))
