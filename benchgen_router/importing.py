@@ -22,8 +22,9 @@ Rewards are per call correct (1) or wrong (0), the pilot's definition, so that t
 correct from `correct_at` on; without it such a score is refused.
 
 Cost per call: a cost column when the source has one (billed cost wins, as in costs.py); else the
-tokens at the pool's prices (`with_prices`); else, with neither, 1 per call, so that the cost of a
-routing is the count of calls each agent gets (RouteLLM's own measure is the share of strong calls).
+tokens at the pool's prices (`with_prices`) or a fixed cost per call of each agent (`with_call_costs`);
+else, with none of these, 1 per call, so that the cost of a routing is the count of calls each agent
+gets (RouteLLM's own measure is the share of strong calls: `with_call_costs` with strong 1, weak 0).
 Latency per call: a latency column, else 0 (said so in the notes).
 """
 
@@ -89,7 +90,7 @@ class Outcomes:
     dataset: str | None = None
     dropped_contaminated: int = 0  # rows dropped because their prompt is on a contamination list
     dropped_incomplete: int = 0  # prompts dropped for a missing (prompt, model) cell (drop_incomplete)
-    cost_unit: str = "usd"  # "usd", or "calls" when no cost or price was known (1 per call)
+    cost_unit: str = "usd"  # "usd", or "calls": a count of calls (1 per call, or a fixed cost per call in calls)
     notes: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -603,6 +604,27 @@ def with_prices(outcomes: Outcomes, prices: Mapping[str, AgentPrice]) -> Outcome
     return replace(outcomes, cost_usd=cost, cost_unit="usd", notes=notes)
 
 
+def with_call_costs(outcomes: Outcomes, per_call: Mapping[str, float], unit: str = "usd") -> Outcomes:
+    """Outcomes whose unknown costs are a fixed cost per call of each agent (a known cost is kept).
+    With strong 1 and weak 0 (unit "calls"), a routing's cost is its share of strong calls, RouteLLM's
+    own measure; with USD figures, a price per call where the source has no token counts."""
+    missing = [agent for agent in outcomes.agents if agent not in per_call]
+    extra = sorted(set(per_call) - set(outcomes.agents))
+    if missing or extra:
+        raise setting_error(
+            f"{{call_cost}} must name every agent {outcomes.agents} once (missing: {missing or 'none'}, "
+            f"not an agent: {extra or 'none'})."
+        )
+    for agent, value in per_call.items():
+        if not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value <= MAX_CALL_COST_USD:
+            raise setting_error(f"{{call_cost}} of {agent!r} is {value!r}; it must be from 0 to {MAX_CALL_COST_USD:g}.")
+    fixed = np.array([float(per_call[agent]) for agent in outcomes.agents])
+    unknown = np.isnan(outcomes.cost_usd)
+    cost = np.where(unknown, fixed[None, :], outcomes.cost_usd)
+    notes = [*outcomes.notes, f"{int(unknown.sum())} calls cost their agent's fixed cost per call"]
+    return replace(outcomes, cost_usd=cost, cost_unit=unit, notes=notes)
+
+
 def call_costs(outcomes: Outcomes) -> tuple[np.ndarray, str]:
     """(cost per call, unit): the known costs in USD, or 1 per call ("calls") when none is known."""
     unknown = np.isnan(outcomes.cost_usd)
@@ -724,7 +746,7 @@ def write_outcomes(outcomes: Outcomes, output_dir: str | os.PathLike, pool_versi
         for output in outputs:
             output.discard()  # nothing left once committed; removes the temporary files otherwise
     notes = list(outcomes.notes)
-    if unit == "calls":
+    if np.isnan(outcomes.cost_usd).all():
         notes.append("no cost or prices known: each call costs 1, so cost counts calls (not USD)")
     if np.isnan(outcomes.latency_ms).all():
         notes.append("no latency known: latency_ms is written as 0")

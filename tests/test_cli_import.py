@@ -50,7 +50,10 @@ def test_routellm_slice_imports_and_train_and_evaluate_read_it(tmp_path, backbon
     assert f"import: {len(rows) - dropped} tasks x 2 agents from 2 files, 2 groups; {dropped} contaminated" in (
         result.stdout
     )
-    assert "cost counts calls (not USD)" in result.stdout and "cost 1 per call (a count)" in result.stdout
+    assert (
+        "cost counts calls (not USD)" in result.stdout
+        and "mean cost 1 per call (counted in calls, not USD)" in result.stdout
+    )
     tasks = [json.loads(line) for line in (out / "tasks.jsonl").read_text().splitlines()]
     assert len(tasks) == len(rows) - dropped and not {task["prompt"] for task in tasks} & contaminated
 
@@ -114,6 +117,12 @@ def test_long_file_with_a_pool_is_priced_per_token(tmp_path, capsys):
         ({"o.csv": b"q,who,ok\nq,a,1\n"}, ["--long", "o.csv"], "Pass --prompt-column NAME"),
         ({"o.csv": b"prompt,model,correct\nq,a,1\n"}, ["--long", "o.csv", "--models", "a"], "--models is for"),
         ({"s.csv": b"prompt,m\nq,True\n"}, ["--routellm", "s.csv", "--correct-at", "0.5"], "are for --long"),
+        ({"s.csv": b"prompt,m\nq,True\n"}, ["--routellm", "s.csv", "--call-cost", "m"], "must be AGENT=COST"),
+        (
+            {"s.csv": b"prompt,m,n\nq,True,False\n"},
+            ["--routellm", "s.csv", "--call-cost", "m=1"],
+            "--call-cost must name every agent ['m', 'n'] once (missing: ['n']",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, monkeypatch, files, args, message):
@@ -135,3 +144,18 @@ def test_a_failed_import_leaves_earlier_files_as_they_were(tmp_path, capsys):
     assert cli("import", "--long", bad, "--output-dir", tmp_path / "out") == 2
     assert "bad.csv line 3 repeats prompt 'q' for model 'a'" in capsys.readouterr().err
     assert {path.name: path.read_bytes() for path in (tmp_path / "out").iterdir()} == before
+
+
+@needs_routellm
+def test_routellm_with_strong_1_weak_0_costs_the_share_of_strong_calls(tmp_path, capsys):
+    args = ["--routellm", SLICE[0], "--call-cost", "gpt-4-1106-preview=1", "--call-cost-unit", "calls"]
+    args += ["--call-cost", "mistralai/Mixtral-8x7B-Instruct-v0.1=0", "--output-dir", tmp_path / "out"]
+    assert cli("import", *args) == 0
+    stdout = capsys.readouterr().out
+    assert "gpt-4-1106-preview: mean reward" in stdout and "mean cost 1 per call (counted in calls, not USD)" in stdout
+    assert "mean cost 0 per call (counted in calls, not USD)" in stdout and "cost counts calls" not in stdout
+    row = json.loads((tmp_path / "out" / "calls.jsonl").read_text().splitlines()[0])
+    assert [(call["agent"], call["cost_usd"]) for call in row["calls"]] == [
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 0.0),
+        ("gpt-4-1106-preview", 1.0),
+    ]

@@ -21,6 +21,7 @@ from benchgen_router.importing import (
     read_contaminated,
     read_long_outcomes,
     read_routellm_csvs,
+    with_call_costs,
     with_prices,
     write_outcomes,
 )
@@ -363,3 +364,17 @@ def test_partly_known_costs_are_refused_before_anything_is_written(tmp_path):
         write_outcomes(read_long_outcomes(path), out)
     assert sorted(p.name for p in out.iterdir()) == ["rewards.jsonl"]
     assert (out / "rewards.jsonl").read_text() == "previous\n"
+
+
+def test_fixed_costs_per_call_fill_unknown_costs_and_keep_known_ones(tmp_path):
+    path = write_csv(
+        tmp_path / "mixed.csv",
+        ["prompt", "model", "correct", "cost"],
+        [["q1", "weak", 1, ""], ["q1", "strong", 1, ""], ["q2", "weak", 0, 0.5], ["q2", "strong", 1, ""]],
+    )
+    outcomes = with_call_costs(read_long_outcomes(path), {"strong": 1.0, "weak": 0.0}, unit="calls")
+    assert outcomes.cost_usd.tolist() == [[0.0, 1.0], [0.5, 1.0]] and outcomes.cost_unit == "calls"
+    with pytest.raises(InputError, match=r"call_cost must name every agent .*missing: \['strong'\]"):
+        with_call_costs(read_long_outcomes(path), {"weak": 0.0})
+    with pytest.raises(InputError, match=r"call_cost of 'weak' is -1"):
+        with_call_costs(read_long_outcomes(path), {"weak": -1, "strong": 1.0})

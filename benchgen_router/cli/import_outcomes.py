@@ -9,9 +9,9 @@ True/False column per model; a file's stem is its tasks' task_group. --long read
 (prompt, model) from CSV, TSV or JSON lines, its columns found among the usual names (NVIDIA's
 question,model,isCorrect,output_tokens and LLMRouter's query,model_name,performance,... need no
 flags) or named by the --*-column flags. Prompts on a --contaminated list are dropped. Cost per
-call: the file's cost column, else its tokens at the --pool prices, else 1 per call (a count of
-calls, said so in the summary). Writes tasks.jsonl, rewards.jsonl and calls.jsonl into --output-dir,
-all three or none. Details: docs/import.md.
+call: the file's cost column, else its tokens at the --pool prices or each agent's --call-cost, else
+1 per call (a count of calls, said so in the summary). Writes tasks.jsonl, rewards.jsonl and
+calls.jsonl into --output-dir, all three or none. Details: docs/import.md.
 """
 
 from __future__ import annotations
@@ -35,6 +35,17 @@ def _score(value: str) -> float:
     return number
 
 
+def _call_cost(value: str) -> tuple[str, float]:
+    agent, sep, amount = value.rpartition("=")
+    try:
+        cost = float(amount)
+    except ValueError:
+        cost = math.nan
+    if not sep or not agent or not math.isfinite(cost) or cost < 0:
+        raise argparse.ArgumentTypeError(f"must be AGENT=COST with a cost >= 0, got {value!r}")
+    return agent, cost
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     summary, _, details = (__doc__ or "").partition("\n\n")
     parser.description, parser.epilog = summary, details + "\n" + EXIT_CODES_HELP
@@ -55,6 +66,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--models", nargs="+", metavar="NAME", help="--routellm: the correctness columns to read")
     data.add_argument("--pool", type=Path, metavar="FILE", help="pool file (agents.json) whose prices cost the tokens")
+    data.add_argument(
+        "--call-cost",
+        action="append",
+        type=_call_cost,
+        metavar="AGENT=COST",
+        default=[],
+        help="a fixed cost per call of an agent, for calls the file gives no cost; one per agent (instead of --pool)",
+    )
+    data.add_argument(
+        "--call-cost-unit",
+        choices=("usd", "calls"),
+        default="usd",
+        help="what --call-cost counts: USD (default) or calls (strong=1 weak=0: the share of strong calls)",
+    )
     data.add_argument("--limit", type=positive_int, metavar="N", help="only the first N tasks (a slice to try)")
     data.add_argument("--dataset", metavar="NAME", help="the dataset name the rows record (source.dataset)")
     data.add_argument("--pool-version", metavar="NAME", help="the pool_version the rows record (default: a digest)")
@@ -106,6 +131,11 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     ]
     if args.routellm and (long_only or args.correct_at is not None or args.drop_incomplete):
         parser.error("the --*-column, --correct-at and --drop-incomplete flags are for --long")
+    if args.call_cost and args.pool is not None:
+        parser.error("pass --pool (prices per token) or --call-cost (a cost per call), not both")
+    agents = [agent for agent, _ in args.call_cost]
+    if len(set(agents)) != len(agents):
+        parser.error(f"--call-cost names {sorted(a for a in agents if agents.count(a) > 1)[0]!r} twice")
     if args.long and args.models:
         parser.error("--models is for --routellm (--long names its model column with --model-column)")
 
@@ -117,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         read_contaminated,
         read_long_outcomes,
         read_routellm_csvs,
+        with_call_costs,
         with_prices,
         write_outcomes,
     )
@@ -147,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         outcomes = outcomes.head(args.limit)
     if args.pool is not None:
         outcomes = with_prices(outcomes, load_pool(args.pool, outcomes.agents))
+    if args.call_cost:
+        outcomes = with_call_costs(outcomes, dict(args.call_cost), args.call_cost_unit)
     written = write_outcomes(outcomes, args.output_dir, args.pool_version)
 
     groups = len({group for group in outcomes.groups if group is not None})
@@ -156,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
         + f"; {outcomes.dropped_contaminated} contaminated rows dropped"
     )
     for agent, reward, cost in zip(written.agents, written.mean_reward, written.mean_cost, strict=True):
-        spent = f"mean cost {cost:.6g} USD per call" if written.cost_unit == "usd" else "cost 1 per call (a count)"
+        per_call = "USD per call" if written.cost_unit == "usd" else "per call (counted in calls, not USD)"
+        spent = f"mean cost {cost:.6g} {per_call}"
         print(f"  {agent}: mean reward {reward:.4f}, {spent}")
     for note in written.notes:
         print(f"note: {note}")
