@@ -30,6 +30,7 @@ Latency per call: a latency column, else 0 (said so in the notes).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -731,20 +732,27 @@ def write_outcomes(outcomes: Outcomes, output_dir: str | os.PathLike, pool_versi
         raise InputError("task ids repeat; each task must appear once.")
     pool_version = pool_version or pool_digest(outcomes.agents, outcomes.agents)
     cost, unit = call_costs(outcomes)  # refused before any file is made
+    created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise InputError(f"cannot create {folder} ({err.strerror}); pass another folder.") from None
-    outputs = [Output(folder / name) for name in (TASKS_FILE, REWARDS_FILE, CALLS_FILE)]
+    outputs: list[Output] = []
+    done = False
     try:
+        outputs.extend(Output(folder / name) for name in (TASKS_FILE, REWARDS_FILE, CALLS_FILE))
         for rows in _rows(outcomes, pool_version):
             for output, row in zip(outputs, rows, strict=True):
                 output.handle.write(dump_row(row))
         for output in outputs:
             output.commit()
+        done = True
     finally:
         for output in outputs:
             output.discard()  # nothing left once committed; removes the temporary files otherwise
+        if not done and created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # a folder this call made and left empty
     notes = list(outcomes.notes)
     if np.isnan(outcomes.cost_usd).all():
         notes.append("no cost or prices known: each call costs 1, so cost counts calls (not USD)")

@@ -378,3 +378,12 @@ def test_fixed_costs_per_call_fill_unknown_costs_and_keep_known_ones(tmp_path):
         with_call_costs(read_long_outcomes(path), {"weak": 0.0})
     with pytest.raises(InputError, match=r"call_cost of 'weak' is -1"):
         with_call_costs(read_long_outcomes(path), {"weak": -1, "strong": 1.0})
+
+
+def test_an_output_that_cannot_be_written_leaves_no_temporary_file(tmp_path):
+    path = write_csv(tmp_path / "plain.csv", ["prompt", "model", "correct"], [["q", "a", 1], ["q", "b", 0]])
+    out = tmp_path / "out"
+    (out / "calls.jsonl").mkdir(parents=True)  # the third file's path is a folder
+    with pytest.raises(InputError, match=r"output .*calls.jsonl is a folder"):
+        write_outcomes(read_long_outcomes(path), out)
+    assert [p.name for p in out.iterdir()] == ["calls.jsonl"]
