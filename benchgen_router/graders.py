@@ -8,6 +8,11 @@ extracted its answers, so that a new matrix is graded like the old one:
   `Answer:`; a model that breaks the line after the colon has its answer on the next line.
 - `\\boxed{}` prompts (math_expression): the content of the last `\\boxed{...}`, braces balanced.
 - A response without that marker falls back to its last non-empty line.
+- An answer that names more than one option or value (`A or B`, `(A) (B)`, `between 40 and 44`,
+  `x=2 \\lor x=3`, `\\boxed{2} or \\boxed{3}`) is a hedge, graded wrong whatever it names.
+
+Every pattern runs in time linear in the response, and a grader reads at most the last
+GRADED_CHARS characters of it (where its final answer is), so a hostile answer cannot stall a run.
 
     from benchgen_router.graders import grade
     grade("mcq_letter", "... Answer: (C)", "C")      # Graded(extracted='C', correct=True)
@@ -16,6 +21,7 @@ extracted its answers, so that a new matrix is graded like the old one:
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import threading
@@ -25,12 +31,26 @@ from dataclasses import dataclass
 from benchgen_router.errors import InputError
 
 # `Answer:` (or `**Answer**:`), any case; `\s*` may cross a line break, `.+` ends at the line's end.
-ANSWER = re.compile(r"answer\s*(?:\*\*|__)?\s*:\s*(.+)", re.IGNORECASE)
+# No two `\s*` may touch (`\s*(?:\*\*)?\s*` splits a run of n spaces n ways: quadratic).
+ANSWER = re.compile(r"answer\s*(?:(?:\*\*|__)\s*)?:\s*(.+)", re.IGNORECASE)
 BOXED = re.compile(r"\\boxed\s*\{")
 # A number as written in an answer: thousands separators, a decimal part, an exponent.
 NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?")
 # Option letters are A-J (MMLU-Pro has ten options); a letter counts when no other letter touches it.
 LETTER = re.compile(r"(?<![A-Za-z])([A-J])(?![A-Za-z])")
+# What may stand between two option letters that an answer offers as alternatives: `A or B`, `B/C`,
+# `A, B and D`, `(A) (B)`, `**A**, **D**` (bare spaces only before a bracket: `C. I think` is not two).
+HEDGED_LETTERS = re.compile(
+    r"[*_`)\]]*\.?(?:\s*[,/&+]\s*(?:(?:or|and)\s+)?|\s+(?:or|and)\s+|\s+(?=[(\[]))[*_`(\[]*", re.IGNORECASE
+)
+OPTION_MARKS = "*_`()[]"  # brackets and emphasis around an option letter
+# What may stand between two numbers that an answer offers as alternatives or a range: `40 or 44`,
+# `between 40 and 44`, `40 to 44`, `40-44` (nothing: the second number's sign is the dash), `40–44`, `3, 4`.
+HEDGED_NUMBERS = re.compile(r"\s*(?:,\s*(?:(?:or|and)\s+)?|(?:or|and|to|through)\s+|[–—~±]\s*|\+/-\s*)?", re.IGNORECASE)
+# `\lor` and `\vee` join alternatives; math-verify reads `x=2 \lor x=3` as its last term, 3, so they are
+# written as the list separator it reads as a set: {2, 3}, which equals no single value.
+HEDGED_BOXES = re.compile(r"[\s$.,]*(?:(?:or|and|\\text\{\s*(?:or|and)\s*\}|\\lor|\\vee)[\s$,]*)?", re.IGNORECASE)
+DISJUNCTION = re.compile(r"\\(?:lor|vee)(?![A-Za-z])")
 MARKUP = "*_`"  # markdown emphasis and code marks around an answer
 # Numbers this close count as equal: the pilot's numeric answers are integers, so the rule only has
 # to absorb how a number is written ("16.0", "1.6e1"), not rounding.
@@ -38,6 +58,13 @@ REL_TOL = 1e-6
 # math-verify's per-call limits (seconds). They use SIGALRM, which only the main thread may set;
 # elsewhere math-verify raises, so a grader running in a worker thread runs without them.
 MATH_TIMEOUT_S = 5
+# A final answer sits at the end of a response: the graders read its last GRADED_CHARS characters, and
+# math-verify is asked about an extracted answer of at most MATH_CHARS (longer ones are compared as
+# strings: no real answer is that long, and sympy's time grows with it).
+GRADED_CHARS = 65_536
+MATH_CHARS = 1_000
+# math-verify logs the text it timed out on; a log line quotes at most this much of it.
+LOGGED_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -66,6 +93,7 @@ def grade(
         raise InputError(f"math_equivalence {math_equivalence!r} is not one of {', '.join(MATH_EQUIVALENCES)}.")
     if raw_response is None or not raw_response.strip():
         return Graded(None, False)
+    raw_response = raw_response[-GRADED_CHARS:]
     if function is math_expression:
         return math_expression(raw_response, answer, math_equivalence)
     return function(raw_response, answer)
@@ -75,19 +103,50 @@ def numeric_match(raw_response: str, answer: str) -> Graded:
     """The first number of the answer line (`Answer: 2 hours` is 2) or, with no answer line, the
     last number of the last line, equal to the answer's number within REL_TOL."""
     after = answer_text(raw_response)
-    numbers = find_numbers(last_line(raw_response) if after is None else after)
-    if not numbers:
+    text = (last_line(raw_response) if after is None else after).replace("\u2212", "-")
+    found = list(NUMBER.finditer(text))
+    if not found:
         return Graded(None, False)
-    extracted = numbers[-1] if after is None else numbers[0]
+    # The number read, and its neighbour on the side a hedge would put its alternative.
+    pair = found[-2:] if after is None else found[:2]
+    extracted = number_value(found[-1] if after is None else found[0])
+    if len(pair) == 2 and hedged_numbers(text, *pair):
+        return Graded(text[pair[0].start() : pair[1].end()], False)
     expected = find_numbers(answer)
     correct = bool(expected) and math.isclose(float(extracted), float(expected[0]), rel_tol=REL_TOL)
     return Graded(extracted, correct)
 
 
+def hedged_letters(text: str, first: re.Match[str], second: re.Match[str]) -> bool:
+    """Whether two neighbouring option letters are offered as alternatives (different ones; an "I"
+    before a lower-case word is the pronoun)."""
+    between = text[first.end() : second.start()]
+    if first.group() == second.group() or len(between) > 20 or not HEDGED_LETTERS.fullmatch(between):
+        return False
+    return not (second.group() == "I" and re.match(r"'|\s+[a-z]", text[second.end() : second.end() + 2]))
+
+
+def hedged_numbers(text: str, first: re.Match[str], second: re.Match[str]) -> bool:
+    """Whether two neighbouring numbers are offered as alternatives or a range (of different values)."""
+    between = text[first.end() : second.start()]
+    if between == "" and not second.group().startswith("-"):
+        return False  # touching without a dash: `1.5.2`, not two answers
+    if len(between) > 20 or not HEDGED_NUMBERS.fullmatch(between):
+        return False
+    return float(number_value(first)) != float(number_value(second))
+
+
 def mcq_letter(raw_response: str, answer: str) -> Graded:
     """The option letter of the answer line, or of the last line when there is none."""
-    text = answer_text(raw_response)
-    letter = option_letter(last_line(raw_response) if text is None else text)
+    after = answer_text(raw_response)
+    text = last_line(raw_response) if after is None else after
+    letters = list(LETTER.finditer(text))
+    pair = letters[-2:] if after is None else letters[:2]  # the letter read, and its neighbour
+    if len(pair) == 2 and hedged_letters(text, *pair):
+        start = len(text[: pair[0].start()].rstrip(OPTION_MARKS))
+        end = len(text) - len(text[pair[1].end() :].lstrip(OPTION_MARKS))
+        return Graded(text[start:end], False)
+    letter = option_letter(text)
     return Graded(letter, letter is not None and letter == answer.strip().upper())
 
 
@@ -101,6 +160,11 @@ def math_expression(raw_response: str, answer: str, equivalence: str = "value") 
         return Graded(None, False)
     if equivalence == "string":
         return Graded(extracted, pilot_string(extracted) == pilot_string(answer))
+    hedge = hedged_boxes(raw_response) if boxed is not None else None
+    if hedge is not None:
+        return Graded(hedge, False)
+    if len(extracted) > MATH_CHARS:
+        return Graded(extracted, pilot_string(extracted) == pilot_string(answer))
     try:  # sympy and ANTLR load only when a math answer is graded
         from math_verify import parse, verify
     except ImportError as err:
@@ -110,8 +174,9 @@ def math_expression(raw_response: str, answer: str, equivalence: str = "value") 
         ) from None
 
     limit = MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    gold = parse(f"${answer}$", parsing_timeout=limit)
-    target = parse(extracted if boxed is None else f"\\boxed{{{boxed}}}", parsing_timeout=limit)
+    _bound_math_verify_logs()
+    gold = parse(f"${DISJUNCTION.sub(',', answer)}$", parsing_timeout=limit)
+    target = parse(DISJUNCTION.sub(",", extracted if boxed is None else f"\\boxed{{{boxed}}}"), parsing_timeout=limit)
     return Graded(extracted, bool(gold and target and verify(gold, target, timeout_seconds=limit)))
 
 
@@ -121,6 +186,23 @@ def exact_match_ci(raw_response: str, answer: str) -> Graded:
     text = answer_text(raw_response)
     extracted = last_line(raw_response) if text is None else text
     return Graded(extracted, comparable_text(extracted) == comparable_text(answer))
+
+
+class _ShortLogs(logging.Filter):
+    """Cuts a math-verify log line (`Timeout during parsing: <the whole answer>`) to LOGGED_CHARS."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if len(message) > LOGGED_CHARS:
+            record.msg, record.args = f"{message[:LOGGED_CHARS]}... ({len(message)} characters)", None
+        return True
+
+
+def _bound_math_verify_logs() -> None:
+    for name in ("math_verify.parser", "math_verify.grader", "math_verify.utils", "math_verify.metric"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, _ShortLogs) for existing in logger.filters):
+            logger.addFilter(_ShortLogs())
 
 
 def pilot_string(text: str) -> str:
@@ -150,14 +232,39 @@ def last_boxed(response: str) -> str | None:
     """The content of the last `\\boxed{...}`; None when there is none or its braces never close
     (a response cut off by the token limit)."""
     starts = list(BOXED.finditer(response))
-    if not starts:
+    found = braced(response, starts[-1].end()) if starts else None
+    return None if found is None else found[0]
+
+
+def hedged_boxes(response: str) -> str | None:
+    """`\\boxed{2} or \\boxed{3}`: the last two boxes joined as alternatives (only a comma, "or",
+    "and", `\\lor` or `\\vee` between them) with different contents, as written; None otherwise (a
+    later box that corrects an earlier one is the answer)."""
+    starts = list(BOXED.finditer(response))
+    if len(starts) < 2:
         return None
-    depth, begin = 1, starts[-1].end()
-    for index in range(begin, len(response)):
-        depth += {"{": 1, "}": -1}.get(response[index], 0)
+    first, last = braced(response, starts[-2].end()), braced(response, starts[-1].end())
+    if first is None or last is None or pilot_string(first[0]) == pilot_string(last[0]):
+        return None
+    between = response[first[1] + 1 : starts[-1].start()]
+    if len(between) > 40 or not HEDGED_BOXES.fullmatch(between):
+        return None
+    return response[starts[-2].start() : last[1] + 1]
+
+
+def braced(text: str, begin: int) -> tuple[str, int] | None:
+    """The text from `begin` to the brace that closes the one just before it, stripped, and that
+    brace's index; None when it never closes."""
+    depth = 1
+    for index in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[index], 0)
         if depth == 0:
-            return response[begin:index].strip()
+            return text[begin:index].strip(), index
     return None
+
+
+def number_value(match: re.Match[str]) -> str:
+    return match.group().replace(",", "")
 
 
 def find_numbers(text: str) -> list[str]:

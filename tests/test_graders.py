@@ -4,12 +4,16 @@ graded again (scripts/regrade_pilot.py), which must come out as the pilot graded
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
+from benchgen_router import graders
 from benchgen_router.errors import InputError
 from benchgen_router.graders import GRADERS, Graded, grade
 from helpers import NO_PILOT, PILOT, run_tool
@@ -37,6 +41,15 @@ needs_pilot = pytest.mark.skipif(not (PILOT / "rewards.v1-pilot.jsonl").exists()
         ("Answer: 3\nWait, I recount.\nAnswer: 4", "4", Graded("4", True)),  # the last answer line counts
         ("We need 5 boxes of 8, so 40", "40", Graded("40", True)),  # no answer line: the last number
         ("Answer: unknown", "16", Graded(None, False)),
+        # An answer offering two values names no answer: wrong, whichever the task's is.
+        ("Answer: between 40 and 44", "40", Graded("40 and 44", False)),
+        ("Answer: 40 or 44", "44", Graded("40 or 44", False)),
+        ("Answer: 40-44", "40", Graded("40-44", False)),
+        ("Answer: 40–44 apples", "40", Graded("40–44", False)),
+        ("Answer: 3, 4", "3", Graded("3, 4", False)),
+        ("We need 40 or 44", "44", Graded("40 or 44", False)),  # no answer line: the last two numbers
+        ("Answer: 42 or 42.0", "42", Graded("42", True)),  # one value, written twice
+        ("Answer: -3 or 3", "3", Graded("-3 or 3", False)),
     ],
 )
 def test_numeric_match(response: str, answer: str, expected: Graded) -> None:
@@ -58,6 +71,16 @@ def test_numeric_match(response: str, answer: str, expected: Graded) -> None:
         ("Answer: A\nOn second thought:\nAnswer: C", "C", Graded("C", True)),
         ("The best option is B", "B", Graded("B", True)),  # no answer line: the last line
         ("Answer: none of them", "A", Graded(None, False)),
+        # An answer naming more than one option names no answer: wrong, whichever the task's is.
+        ("Answer: A or B", "A", Graded("A or B", False)),
+        ("Answer: (A) (B) (C) (D)", "A", Graded("(A) (B)", False)),
+        ("Answer: either (A) or (C)", "C", Graded("(A) or (C)", False)),
+        ("Answer: B/C", "B", Graded("B/C", False)),
+        ("Answer: **A**, **D**", "D", Graded("**A**, **D**", False)),
+        ("The answer is A or B", "A", Graded("A or B", False)),  # no answer line: the last line
+        ("Answer: C, I think", "C", Graded("C", True)),  # "I" before a lower-case word is the pronoun
+        ("Answer: C, I'm sure", "C", Graded("C", True)),
+        ("Answer: B (B)", "B", Graded("B", True)),  # one option, twice
     ],
 )
 def test_mcq_letter(response: str, answer: str, expected: Graded) -> None:
@@ -80,6 +103,13 @@ def test_mcq_letter(response: str, answer: str, expected: Graded) -> None:
         ("-256", "-256", Graded("-256", True)),  # no box: the last line
         ("work\n\\boxed{\\frac{1", "\\frac{1}{2}", Graded("\\boxed{\\frac{1", False)),  # cut off: the last line
         ("\\boxed{}", "1", Graded(None, False)),
+        # Alternatives are a set of values, equal to no single one (math-verify alone reads `\\lor`'s
+        # last term: 3).
+        ("\\boxed{x=2 \\lor x=3}", "3", Graded("x=2 \\lor x=3", False)),
+        ("\\boxed{2 \\vee 3}", "2", Graded("2 \\vee 3", False)),
+        ("\\boxed{2 \\text{ or } 3}", "3", Graded("2 \\text{ or } 3", False)),
+        ("$\\boxed{2}$ or $\\boxed{3}$.", "3", Graded("\\boxed{2}$ or $\\boxed{3}", False)),  # boxed alternatives
+        ("\\boxed{x=2 \\lor x=3}", "2, 3", Graded("x=2 \\lor x=3", True)),  # ... unless both are asked for
     ],
 )
 def test_math_expression(response: str, answer: str, expected: Graded) -> None:
@@ -94,6 +124,60 @@ def test_math_expression_in_a_worker_thread() -> None:
     worker.start()
     worker.join()
     assert results == [Graded("0.5", True)]
+
+
+def test_math_verify_logs_quote_a_bounded_part_of_the_answer(monkeypatch, caplog) -> None:
+    """math-verify logs the text it timed out on; a 600-character answer is cut to LOGGED_CHARS."""
+    monkeypatch.setattr(graders, "MATH_TIMEOUT_S", 1)
+    nested = "\\boxed{" + "(" * 300 + "1" + ")" * 300 + "}"
+    with caplog.at_level(logging.WARNING, logger="math_verify"):
+        assert grade("math_expression", nested, "1") == Graded(nested[7:-1], False)
+    timeouts = [record.getMessage() for record in caplog.records if "Timeout during" in record.getMessage()]
+    assert timeouts, "the answer did not time out: the test no longer reaches math-verify's warning"
+    assert all(len(message) <= graders.LOGGED_CHARS + 30 for message in timeouts), timeouts
+
+
+# Inputs that a backtracking pattern takes quadratic time on: long runs where a pattern could split
+# its match many ways, or restart at every position.
+WORST_CASES = {
+    "numeric_match": lambda n: "The answer" + " " * n + "is 42",
+    "mcq_letter": lambda n: "Answer:" + " " * (n // 2) + "**" + " " * (n // 2) + "x",
+    "exact_match_ci": lambda n: "answer **" + "\n" * n + "x",
+    "math_expression": lambda n: "\\boxed {" * (n // 8),
+    "hedged letters": lambda n: "Answer: " + "(" * (n // 3) + "A" + ")" * (n // 3) + " " * (n // 3) + "B",
+    "hedged numbers": lambda n: "Answer: " + "1" * (n // 3) + " " * (n // 3) + "or" + " " * (n // 3) + "2",
+    "hedged boxes": lambda n: "\\boxed{" + "{" * n + "} or \\boxed{1}",
+}
+
+
+@pytest.mark.parametrize("case", sorted(WORST_CASES))
+def test_the_patterns_take_linear_time(case: str) -> None:
+    """Ten times the input may take at most twenty times as long (quadratic would be a hundred), plus
+    slack for a busy machine: relative to a baseline measured in the same test, so no CPU's speed
+    matters. The sizes stay under GRADED_CHARS, past which the graders read no more."""
+    grader = {"hedged letters": "mcq_letter", "hedged numbers": "numeric_match", "hedged boxes": "math_expression"}
+    grader = grader.get(case, case)
+    small, large = 6_000, 60_000
+    assert len(WORST_CASES[case](large)) <= graders.GRADED_CHARS
+
+    def seconds(n: int) -> float:
+        response = WORST_CASES[case](n)
+        best = math.inf
+        for _ in range(3):
+            started = time.perf_counter()
+            grade(grader, response, "1", math_equivalence="string")
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    baseline = seconds(small)
+    assert seconds(large) <= 20 * baseline + 0.05, (case, baseline)
+
+
+def test_a_response_is_graded_on_its_tail() -> None:
+    """A 10 MB response grades like its last GRADED_CHARS characters, quickly."""
+    filler = "x" * 10_000_000
+    assert grade("numeric_match", "Answer: 7\n" + filler + "\nAnswer: 42", "42") == Graded("42", True)
+    assert grade("numeric_match", "Answer: 42\n" + filler, "42").extracted is None
 
 
 def test_math_expression_without_math_verify(monkeypatch) -> None:
