@@ -130,7 +130,7 @@ def ingress_rss_mb() -> float:
     total = 0
     for process in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if "ServeReplica:benchgen-router:Ingress" in " ".join(process.cmdline()):
+            if "ServeReplica:benchgen-router:Router" in " ".join(process.cmdline()):
                 total += process.memory_info().rss
     return total / 2**20
 

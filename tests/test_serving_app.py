@@ -1,13 +1,13 @@
 """The service's parts without a running Ray: request checks and body reading (serving.app) over
-Starlette's real Request and the ASGI protocol, errors as HTTP answers, the batch merger and
-operating-point checks (serving.replica), and the start-up checks (serving.service). The service
-itself, on a real Ray Serve, is tested in test_serving.py and test_serving_load.py."""
+Starlette's real Request and the ASGI protocol, errors as HTTP answers, /healthz while the router
+loads, the batch merger and its bound, operating-point checks (serving.replica), the start-up checks
+(serving.service), and how a private Ray's processes are started (serving.local_ray). The service
+itself, on a real Ray Serve, is tested in test_serving.py, test_serving_load.py and test_serving_stop.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import pickle
 import socket
 import threading
 import time
@@ -24,7 +24,9 @@ from starlette.requests import Request
 from benchgen_router.errors import InputError, RouterTypeError
 from benchgen_router.serving.app import (
     DEFAULT_MAX_REQUEST_BYTES,
+    READY_WAIT_S,
     RequestError,
+    RouterService,
     api,
     http_error,
     parse_route_body,
@@ -32,7 +34,7 @@ from benchgen_router.serving.app import (
 )
 from benchgen_router.serving.replica import (
     BatchMerger,
-    RouterReplica,
+    ServedRouter,
     operating_points_of,
     pool_for_router,
     request_point,
@@ -79,15 +81,17 @@ def test_bad_bodies_are_refused_with_one_line(body, status, words):
 
 def answer_of(err: Exception) -> tuple[int, dict]:
     """(status, JSON body) of the answer the service's handlers give `err`, looked up as Starlette does."""
+    status, body, _ = answer_with_headers(err)
+    return status, body
+
+
+def answer_with_headers(err: Exception) -> tuple[int, dict, dict]:
     handler = next(api.exception_handlers[cls] for cls in type(err).__mro__ if cls in api.exception_handlers)
     response = asyncio.run(handler(None, err))
-    return response.status_code, json.loads(response.body)
+    return response.status_code, json.loads(response.body), dict(response.headers)
 
 
 def test_errors_become_answers_in_one_place():
-    from ray.exceptions import ActorDiedError, RayTaskError
-    from ray.serve.exceptions import RayServeException
-
     assert answer_of(RequestError(413, "too big; split it.")) == (413, {"error": "too big; split it."})
     assert answer_of(InputError("operating_point 'x' is not one of this router's: a, b.")) == (
         422,
@@ -97,42 +101,105 @@ def test_errors_become_answers_in_one_place():
         422,
         {"error": '"operating_point" is int, not a name'},
     )
-    # Raised inside a replica, a library error arrives as Ray's wrapper: both a RayError and the
-    # error itself, whose text is the replica's process and traceback. The answer is the error's line.
-    cause = InputError("query 0 tokenizes to nothing; a router cannot score it.")
-    wrapped = RayTaskError("route", f"Traceback ...\nInputError: {cause}", cause).as_instanceof_cause()
-    assert isinstance(wrapped, InputError) and str(wrapped).splitlines()[0] != str(cause)
-    assert answer_of(wrapped) == (422, {"error": str(cause)})
-    failed = RayTaskError("route", "Traceback ...", RuntimeError("boom")).as_instanceof_cause()
-    for failure in (failed, ActorDiedError(), RayServeException("the deployment is gone")):
-        status, body = answer_of(failure)
-        assert status == 503 and body == {"error": f"the router replica failed ({type(failure).__name__}); retry."}
+    status, body, headers = answer_with_headers(RequestError(503, "busy; retry."))
+    assert (status, body, headers.get("retry-after")) == (503, {"error": "busy; retry."}, "1")
+    assert "retry-after" not in answer_with_headers(RequestError(413, "big"))[2]
     assert http_error(RuntimeError("a bug")) is None  # a 500, from the catch-all handler
-    copied = pickle.loads(pickle.dumps(RequestError(408, "late")))
-    assert (copied.status, str(copied)) == (408, "late")
 
 
-def test_a_replica_returns_its_refusals_for_the_ingress_to_raise():
-    """Returned, not raised: Ray Serve would log a traceback for each bad request."""
-    config = RouterConfig(id2label=dict(enumerate(AGENTS)), operating_points=POINTS, operating_point="quality")
-    replica = object.__new__(RouterReplica.func_or_class)  # its methods run without Ray
-    replica.router, replica.default_point = SimpleNamespace(config=config), "quality"
+def loaded_service(config: RouterConfig, max_waiting_queries: int = 8) -> tuple[object, ServedRouter]:
+    """A RouterService as Ray Serve builds it, without Ray: its methods, a router config, a merger that
+    answers each query with its text and point (None for text that tokenizes to nothing)."""
+    service = object.__new__(RouterService.func_or_class)
+    loaded = ServedRouter({"name": "default", "revision": "r"}, router=SimpleNamespace(config=config))
+    loaded.default_point = "quality"
 
     class Merger:
+        queued = 0
+
         async def submit(self, items: list) -> list:
             return [None if text == "\u200b" else {"text": text, "point": point} for text, point in items]
 
-    replica.merger = Merger()
-    assert asyncio.run(replica.route(["q"], None)) == {"results": [{"text": "q", "point": "quality"}]}
-    assert asyncio.run(replica.route(["q"], "fast"))["results"][0]["point"] == "fast"
+    service.merger, service.max_waiting_queries = Merger(), max_waiting_queries
+    return service, loaded
+
+
+def test_refusals_are_the_librarys_errors_answered_with_a_422():
+    config = RouterConfig(id2label=dict(enumerate(AGENTS)), operating_points=POINTS, operating_point="quality")
+    service, loaded = loaded_service(config)
+    assert asyncio.run(service.scored(loaded, ["q"], None)) == [{"text": "q", "point": "quality"}]
+    assert asyncio.run(service.scored(loaded, ["q"], "fast"))[0]["point"] == "fast"
     for queries, point, kind, words in (
         (["q"], "cheap", InputError, "'cheap' is not one of this router's"),
         (["q"], 3, RouterTypeError, "is int, not a name"),
         (["q", "\u200b"], None, InputError, "query 1 tokenizes to nothing"),
     ):
-        refused = asyncio.run(replica.route(queries, point))["refused"]
-        assert isinstance(refused, kind) and words in str(refused)
-        assert answer_of(pickle.loads(pickle.dumps(refused)))[0] == 422  # it crosses processes
+        with pytest.raises(kind, match=words) as refused:
+            asyncio.run(service.scored(loaded, queries, point))
+        assert answer_of(refused.value)[0] == 422
+
+
+def test_a_full_queue_is_a_503_at_once_and_room_is_taken_again():
+    config = RouterConfig(id2label=dict(enumerate(AGENTS)), operating_points=POINTS, operating_point="quality")
+    service, loaded = loaded_service(config, max_waiting_queries=8)
+    service.merger.queued = 6
+    with pytest.raises(RequestError) as full:
+        asyncio.run(service.scored(loaded, ["a", "b", "c"], None))
+    assert full.value.status == 503 and "6 queries waiting, its limit is 8" in str(full.value)
+    assert len(asyncio.run(service.scored(loaded, ["a", "b"], None))) == 2  # 6 + 2 fit
+
+
+def test_the_mergers_count_of_waiting_queries_follows_its_queue():
+    gate = threading.Event()
+
+    def run(items: list[int]) -> list[int]:
+        gate.wait(5)
+        return items
+
+    async def scenario() -> list[int]:
+        merger = BatchMerger(run, ThreadPoolExecutor(1), max_queries=4)
+        first = asyncio.create_task(merger.submit([1, 2]))
+        await asyncio.sleep(0.05)  # taken for a run: no longer waiting
+        seen = [merger.queued]
+        rest = asyncio.create_task(merger.submit([3, 4, 5]))
+        await asyncio.sleep(0.05)
+        seen.append(merger.queued)
+        gate.set()
+        await first, await rest
+        return [*seen, merger.queued]
+
+    assert asyncio.run(scenario()) == [0, 3, 0]
+
+
+def test_healthz_is_a_json_503_while_the_router_loads_then_200_or_the_problem():
+    from concurrent.futures import Future
+
+    cls = RouterService.func_or_class
+    service = object.__new__(cls)
+    service.loading, service.loaded, service.gateway, service.merger = Future(), None, None, None
+    service.max_batch_size, service.batch_wait_s, service.executor = 4, 0.0, ThreadPoolExecutor(1)
+
+    async def health() -> tuple[int, dict, float]:
+        started = time.monotonic()
+        response = await service.healthz()
+        if isinstance(response, dict):
+            return 200, response, time.monotonic() - started
+        return response.status_code, json.loads(response.body), time.monotonic() - started
+
+    status, body, waited = asyncio.run(health())
+    assert (status, body["status"]) == (503, "loading") and "still loading" in body["error"]
+    assert READY_WAIT_S <= waited < READY_WAIT_S + 2
+    identity = {"name": "default", "revision": "r"}
+    service.loading.set_result(ServedRouter(identity, problem="the pool file lists agents ['x']; pass ..."))
+    assert asyncio.run(health())[:2] == (
+        503,
+        {"error": "the pool file lists agents ['x']; pass ...", "status": "failed"},
+    )
+    service.loaded = None
+    service.loading = Future()
+    service.loading.set_result(ServedRouter(identity, router=object(), tokenizer=object()))
+    assert asyncio.run(health())[:2] == (200, {"status": "ok", "router": identity})
+    assert service.merger is not None  # made once the router is there
 
 
 def asgi_request(messages: list[dict], headers: dict[str, str], stall: bool = False) -> tuple[Request, list[int]]:
@@ -265,39 +332,16 @@ def test_start_up_checks_are_one_line_in_bounded_time():
     assert time.monotonic() - started < 15
 
 
-def test_a_draining_ingress_refuses_new_requests_and_waits_for_those_it_took():
-    from benchgen_router.serving.app import RouterIngress
-
-    cls = RouterIngress.func_or_class  # the class Ray Serve deploys, its methods run without Ray
-    ingress = SimpleNamespace(draining=False, in_flight=2, described=None)
-
-    async def scenario() -> tuple[int, float, RequestError]:
-        started = asyncio.get_running_loop().time()
-        draining = asyncio.create_task(cls.drain(ingress, 5.0))
-        await asyncio.sleep(0.2)
-        with pytest.raises(RequestError) as refused:
-            await cls.ready(ingress)
-        ingress.in_flight = 0  # the two requests taken are answered
-        return await draining, asyncio.get_running_loop().time() - started, refused.value
-
-    left, waited, refused = asyncio.run(scenario())
-    assert left == 0 and 0.2 <= waited < 2.0
-    assert refused.status == 503 and "stopping" in str(refused)
-    ingress.draining, ingress.in_flight = False, 1
-    assert asyncio.run(cls.drain(ingress, 0.2)) == 1  # bounded: what is still in flight after the timeout
-
-
 def test_the_application_for_serve_run_is_the_one_serve_deploys():
-    """`serve run benchgen_router.serving.service:app_builder model=... replicas=2`: the ingress bound
-    to the router replicas, with the arguments Ray Serve passes as text; bad ones are one line."""
+    """`serve run benchgen_router.serving.service:app_builder model=... replicas=2`: the one deployment,
+    with the arguments Ray Serve passes as text; bad ones are one line."""
     from benchgen_router.serving.service import app_builder
 
     application = app_builder({"replicas": "2", "max_queries": "16", "operating_point": "fast"})
-    ingress = application._bound_deployment
-    routers = ingress.init_args[0]._bound_deployment
-    assert (ingress.name, routers.name) == ("Ingress", "Router")
-    assert routers.num_replicas == 2 and ingress.init_args[1:] == (16, DEFAULT_MAX_REQUEST_BYTES)
-    assert routers.init_args[0] is None and routers.init_args[-1] == "fast"  # None: the default router
+    service = application._bound_deployment
+    assert service.name == "Router" and service.num_replicas == 2
+    assert service.init_args[0] is None  # None: the default router
+    assert service.init_args[7:10] == ("fast", 16, DEFAULT_MAX_REQUEST_BYTES)
     with pytest.raises(InputError, match="unknown argument"):
         app_builder({"replica": "2"})
     with pytest.raises(InputError, match="replicas must be a number"):
@@ -306,15 +350,56 @@ def test_the_application_for_serve_run_is_the_one_serve_deploys():
         app_builder({"replicas": "0"})
 
 
-def test_the_ingress_never_loads_a_tokenizer_or_the_model():
-    """The replicas tokenize every query; the ingress only checks that each is text, so its process never
-    imports torch, transformers or tokenizers (nor pays their start-up and memory)."""
+def test_the_processes_ray_starts_lead_their_own_process_groups():
+    """A signal to the command's process group must reach the command alone, which then stops Ray."""
     import subprocess
     import sys
 
-    probe = (
-        "import sys, benchgen_router.serving.app, benchgen_router.serving.gateway; "
-        "print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))"
+    import ray._private.services as services
+
+    from benchgen_router.serving.local_ray import own_process_groups
+
+    original = services.ConsolePopen
+    with own_process_groups():
+        child = services.ConsolePopen(
+            [sys.executable, "-c", "import os; print(os.getpgid(0) == os.getpid())"], stdout=subprocess.PIPE, text=True
+        )
+        out, _ = child.communicate(timeout=30)
+    assert out.strip() == "True"
+    assert services.ConsolePopen is original  # only while Ray starts
+
+
+def test_haproxy_started_through_the_launcher_dies_with_the_process_that_started_it(tmp_path):
+    """HAProxy's parent is a Ray worker, which Ray may kill with SIGKILL: the launcher makes the child
+    die with it (here /bin/sleep stands for HAProxy)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from benchgen_router.serving.local_ray import haproxy_environment
+
+    os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = "/bin/sleep"
+    try:
+        launcher = haproxy_environment(str(tmp_path))["RAY_SERVE_HAPROXY_BINARY_PATH"]
+    finally:
+        del os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, time; subprocess.Popen([{launcher!r}, '60']); time.sleep(60)"]
     )
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "[]"
+    try:
+        deadline = time.monotonic() + 20
+        while not (children := psutil.Process(parent.pid).children()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (sleeper,) = children
+        while sleeper.name() != "sleep" and time.monotonic() < deadline:  # the launcher execs it
+            time.sleep(0.05)
+        assert sleeper.name() == "sleep"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        gone, alive = psutil.wait_procs([sleeper], timeout=5)
+        assert alive == [] and gone
+    finally:
+        parent.kill()

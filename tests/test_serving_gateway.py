@@ -37,7 +37,7 @@ pytest.importorskip("ray.serve")
 pytest_plugins = ["upstream_server"]
 
 from benchgen_router.errors import InputError  # noqa: E402
-from benchgen_router.serving.app import RouterIngress, api  # noqa: E402
+from benchgen_router.serving.app import RouterService, api  # noqa: E402
 from benchgen_router.serving.gateway import (  # noqa: E402
     Gateway,
     GatewayError,
@@ -247,14 +247,17 @@ def test_an_upstream_4xx_passes_through_and_two_failures_are_a_502():
 def test_a_service_without_upstreams_answers_the_gateway_routes_with_a_404_in_openais_shape():
     from starlette.requests import Request
 
-    cls = RouterIngress.func_or_class  # the class Ray Serve deploys, its methods run without Ray
-    ingress = SimpleNamespace(gateway=None, in_flight=0, rejected=SimpleNamespace(inc=lambda *args, **kwargs: None))
+    cls = RouterService.func_or_class  # the class Ray Serve deploys, its methods run without Ray
+    refused: list[str] = []
+    service = SimpleNamespace(
+        gateway=None, rejected=SimpleNamespace(inc=lambda n, tags: refused.append(tags["status"]))
+    )
     for name in ("chat_counted", "gateway_on", "count_refusal"):
-        setattr(ingress, name, MethodType(getattr(cls, name), ingress))
+        setattr(service, name, MethodType(getattr(cls, name), service))
     request = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []})
     with pytest.raises(GatewayError) as caught:
-        asyncio.run(cls.chat_completions(ingress, request))
-    assert ingress.in_flight == 0
+        asyncio.run(cls.chat_completions(service, request))
+    assert refused == ["404"]  # counted among the refused requests
     handler = next(api.exception_handlers[cls] for cls in type(caught.value).__mro__ if cls in api.exception_handlers)
     response = asyncio.run(handler(request, caught.value))
     body = json.loads(response.body)

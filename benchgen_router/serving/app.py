@@ -1,18 +1,21 @@
 """The HTTP API (routes and statuses in docs/service.md; the OpenAI-compatible gateway's in
-docs/gateway.md): the ingress deployment, its schemas, its request checks, and the one place where
-errors become JSON answers.
+docs/gateway.md): the service's one deployment, its schemas, its request checks, and the one place
+where errors become JSON answers.
 
-The ingress never loads the model (no torch, no transformers), so it answers while the replicas
-load, and a stalled upload holds one of its cheap slots, never a replica's.
+Each replica is the HTTP ingress and holds the router: reading a body is a coroutine on its event
+loop (a stalled upload holds one cheap slot, never the model), and the model runs on its one worker
+thread, which merges the queries of every request waiting (serving/replica.py).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) as types.
 import asyncio
-import contextvars
+import functools
 import json
 import logging
+import os
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,9 +23,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from ray import serve as ray_serve
-from ray.exceptions import RayError, RayTaskError
-from ray.serve.exceptions import RayServeException
-from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -34,7 +34,6 @@ from benchgen_router.serving.gateway import (
     GatewayError,
     GatewaySettings,
     Plan,
-    UpstreamStream,
     model_entry,
     model_names,
     off_loop,
@@ -45,24 +44,35 @@ from benchgen_router.serving.gateway import (
     routing_text,
 )
 from benchgen_router.serving.logs import quiet_repeated_warnings
+from benchgen_router.serving.replica import (
+    BatchMerger,
+    ServedRouter,
+    check_scorable,
+    load_served_router,
+    request_point,
+    route_items,
+    set_torch_threads,
+)
 
 logger = logging.getLogger("benchgen_router.serving")
 
-INGRESS_NAME = "Ingress"
+SERVICE_NAME = "Router"
 DEFAULT_MAX_QUERIES = 256
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
-# A client that sends headers and then stalls holds one ingress slot; its body must arrive within
+# A client that sends headers and then stalls holds one request slot; its body must arrive within
 # this many seconds, or it gets a 408 and the slot is freed.
 BODY_TIMEOUT_S = 10.0
-# Requests one ingress replica holds at once (reading, checking, or waiting for the replicas).
-# Each costs a coroutine and at most one body, so the limit is high: stalled uploads fill it only
-# by the thousand, and only for BODY_TIMEOUT_S.
-INGRESS_MAX_ONGOING = 2048
+# Requests one replica holds at once (reading, checking, or waiting for the model). Each costs a
+# coroutine and at most one body, so the limit is high: stalled uploads fill it only by the
+# thousand, and only for BODY_TIMEOUT_S.
+MAX_ONGOING_REQUESTS = 2048
+# Queries a replica lets wait for the model; beyond, a request is answered 503 at once rather than
+# queued for seconds (at 5-10 ms a query on one core, 1024 are 5-10 s of work).
+DEFAULT_MAX_WAITING_QUERIES = 1024
 # How long a request waits for the router to be loaded before a 503; a probe answers at once.
 READY_WAIT_S = 1.0
-# What a call to the replicas raises when one died or the service stops (a replica unavailable,
-# the deployment gone): answered with a 503, retry.
-REPLICA_FAILURES = (RayError, RayServeException)
+# What a 503 tells a client (and HAProxy) about when to come back.
+RETRY_HEADERS = {"Retry-After": "1"}
 ROUTED_COUNTER = "benchgen_router_routed_queries"
 REJECTED_COUNTER = "benchgen_router_rejected_requests"
 
@@ -136,15 +146,16 @@ class ErrorResponse(BaseModel):
     error: str = Field(description="One line naming the problem and the fix.")
 
 
+class HealthProblem(ErrorResponse):
+    status: str = Field(description="loading (retry soon), or failed (the router cannot serve; see the log).")
+
+
 class RequestError(InputError):
-    """A request the ingress refuses, with the HTTP status it is answered with."""
+    """A request the service refuses, with the HTTP status it is answered with."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-    def __reduce__(self) -> tuple[type, tuple[int, str]]:
-        return type(self), (self.status, str(self))
 
 
 # A refusal by the library (the router has no such operating point, a query it cannot score): the
@@ -154,14 +165,10 @@ LIBRARY_REFUSAL_STATUS = 422
 
 def http_error(err: BaseException) -> tuple[int, str] | None:
     """(status, one line) for a failure the service answers on purpose; None for a bug (a 500)."""
-    if isinstance(err, RayTaskError) and isinstance(err.cause, RouterError):
-        err = err.cause  # raised inside a replica: Ray wraps it, and the wrapper's text is a traceback
     if isinstance(err, RequestError | GatewayError):
         return err.status, str(err)
     if isinstance(err, RouterError):
         return LIBRARY_REFUSAL_STATUS, first_line(err)
-    if isinstance(err, REPLICA_FAILURES):
-        return 503, f"the router replica failed ({type(err).__name__}); retry."
     return None
 
 
@@ -177,7 +184,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (408, "The body did not arrive in time."),
         (413, "More queries or bytes than the service's per-request limits."),
         (422, "No queries, a query that is not text or that the router cannot score, or an unknown operating point."),
-        (503, "The router is loading, or the service is stopping: retry."),
+        (503, "The router is loading, or has more queries waiting than it takes: retry (Retry-After)."),
     )
 }
 
@@ -186,10 +193,11 @@ def error_response(
     request: Request | None, status: int, message: str, err: BaseException | None = None
 ) -> JSONResponse:
     """The one-line answer; on the gateway's routes, OpenAI's error shape, which its clients parse."""
+    headers = RETRY_HEADERS if status == 503 else None
     if request is not None and getattr(request.state, "openai_errors", False):
         body = openai_error(status, message, getattr(err, "code", None), getattr(err, "param", None))
-        return JSONResponse(body, status_code=status)
-    return JSONResponse({"error": message}, status_code=status)
+        return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 @api.exception_handler(StarletteHTTPException)
@@ -212,18 +220,15 @@ async def _unexpected(request: Request, err: Exception) -> JSONResponse:
     return error_response(request, 500, f"internal error ({type(err).__name__}: {first_line(err)})")
 
 
-# Every error of the package and every replica failure is answered here, through http_error. By
-# class, not under Exception: Starlette re-raises what its catch-all answers, and logs it as a crash.
+# Every error of the package is answered here, through http_error. By class, not under Exception:
+# Starlette re-raises what its catch-all answers, and logs it as a crash.
+@api.exception_handler(RouterError)
 async def _router_error(request: Request, err: Exception) -> JSONResponse:
     answer = http_error(err)
     if answer is None:
         return await _unexpected(request, err)
     status, message = answer
     return error_response(request, status, message, err)
-
-
-for _family in (RouterError, *REPLICA_FAILURES):
-    api.add_exception_handler(_family, _router_error)
 
 
 async def read_body(request: Request, max_request_bytes: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
@@ -261,8 +266,8 @@ async def read_body(request: Request, max_request_bytes: int, timeout_s: float =
 
 
 def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any]:
-    # The body's shape only: its "operating_point" is returned as sent, for the replicas, which know
-    # the router's points, to check.
+    # The body's shape only: its "operating_point" is returned as sent, checked against the router's
+    # points once it is loaded.
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, absurd nesting
@@ -290,30 +295,46 @@ def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any]:
     return queries, payload.get("operating_point")
 
 
-@ray_serve.deployment(name=INGRESS_NAME)
+@ray_serve.deployment(name=SERVICE_NAME)
 @ray_serve.ingress(api)
-class RouterIngress:
-    """The HTTP front: checks each request, then hands its queries to the router replicas in one call;
-    with a pool of upstreams, also the OpenAI-compatible gateway in front of them."""
+class RouterService:
+    """The service's one deployment: each replica reads and checks its requests, scores them with the
+    router it holds, and with a pool of upstreams is the OpenAI-compatible gateway in front of them."""
 
     def __init__(
         self,
-        router: DeploymentHandle,
-        max_queries: int,
-        max_request_bytes: int,
+        model: str | None,
+        revision: str | None,
+        backbone: str | None,
+        pool: list[dict[str, Any]] | None,
+        threads: int,
+        max_batch_size: int,
+        batch_wait_s: float,
+        operating_point: str | None = None,
+        max_queries: int = DEFAULT_MAX_QUERIES,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         gateway: GatewaySettings | None = None,
+        max_waiting_queries: int = DEFAULT_MAX_WAITING_QUERIES,
     ) -> None:
         from ray.serve.metrics import Counter as ServeCounter
 
-        quiet_repeated_warnings()  # this process routes to the replicas, and so probes them
-        self.router = router
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer runs in two threads
+        quiet_repeated_warnings()  # a replica at capacity says so for each request it hands back
         self.gateway = Gateway(gateway) if gateway is not None else None
         self.created = int(time.time())  # the "created" of the models GET /v1/models lists
         self.max_queries = max_queries
         self.max_request_bytes = max_request_bytes
-        self.described: asyncio.Task | None = None  # the replicas' description, asked for once
-        self.draining = False  # set by drain(): the service is stopping
-        self.in_flight = 0  # /v1/route requests taken and not yet answered
+        # The model runs in one worker thread, so the event loop keeps reading requests (and gathering
+        # the next batch) while a batch is scored. It loads the router first, so that the replica
+        # answers /healthz (a 503) while it loads.
+        self.executor = ThreadPoolExecutor(
+            1, thread_name_prefix="router", initializer=set_torch_threads, initargs=[threads]
+        )
+        self.loading = self.executor.submit(load_served_router, model, revision, backbone, pool, operating_point)
+        self.loaded: ServedRouter | None = None
+        self.merger: BatchMerger | None = None
+        self.max_batch_size, self.batch_wait_s = max_batch_size, batch_wait_s
+        self.max_waiting_queries = max_waiting_queries
         self.routed = ServeCounter(ROUTED_COUNTER, description="Queries routed, by picked agent.", tag_keys=("agent",))
         self.rejected = ServeCounter(REJECTED_COUNTER, description="Requests refused, by status.", tag_keys=("status",))
 
@@ -321,54 +342,43 @@ class RouterIngress:
         # Ray Serve's ingress wrapper awaits this when the replica stops, after the app's lifespan shutdown.
         if self.gateway is not None:
             await self.gateway.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def description(self, wait_s: float | None) -> dict[str, Any]:
-        # Asked once and shared; a 503 for as long as no replica has loaded the router (wait_s None: wait).
-        # (Shielded, the shared task is never cancelled by a caller.)
-        if self.described is not None and self.described.done():
-            if self.described.exception() is None:
-                return self.described.result()  # every request once loaded: no timer, no shield
-            self.described = None  # no replica answered that time: ask again
-        if self.described is None:
-            # In a context of its own: created inside a request's, the call would carry that request's
-            # id, and be cancelled with it when that client goes away, for every caller sharing it.
-            self.described = asyncio.get_running_loop().create_task(
-                self.ask_description(), context=contextvars.Context()
+    async def ready(self) -> ServedRouter:
+        """The loaded router; a 503 while it loads (after waiting up to READY_WAIT_S), or when it cannot serve."""
+        if self.loaded is None:
+            try:
+                loaded = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self.loading)), READY_WAIT_S)
+            except TimeoutError:
+                raise RequestError(503, "the router is still loading; retry in a few seconds.") from None
+            if self.gateway is not None and loaded.problem is None:
+                loaded.problem = self.gateway.key_problem()
+            if loaded.problem is None:
+                scorer = functools.partial(route_items, loaded.router, loaded.tokenizer)
+                self.merger = BatchMerger(scorer, self.executor, self.max_batch_size, self.batch_wait_s)
+            self.loaded = loaded
+        if self.loaded.problem:
+            raise RequestError(503, self.loaded.problem)
+        return self.loaded
+
+    async def scored(self, loaded: ServedRouter, queries: list[str], asked_point: Any) -> list[dict[str, Any]]:
+        """pick_agent's result for each query, merged with the other requests' queries into few model runs."""
+        point = loaded.default_point if asked_point is None else request_point(loaded.router, asked_point)
+        assert self.merger is not None  # made by ready()
+        if self.merger.queued + len(queries) > self.max_waiting_queries:
+            raise RequestError(
+                503,
+                f"the router has {self.merger.queued} queries waiting, its limit is {self.max_waiting_queries}; "
+                "retry shortly.",
             )
-        try:
-            return await asyncio.wait_for(asyncio.shield(self.described), wait_s)
-        except TimeoutError:
-            raise RequestError(503, "the router is still loading; retry in a few seconds.") from None
-        except REPLICA_FAILURES as err:
-            raise RequestError(503, f"no router replica answers ({type(err).__name__}); retry.") from None
+        outcomes = await self.merger.submit([(query, point) for query in queries])
+        check_scorable(outcomes)
+        return outcomes
 
-    async def ask_description(self) -> dict[str, Any]:
-        described = await self.router.describe.remote()
-        # Once, not per request: the gateway's model names take the operating points' names.
-        described["point_names"] = [point["name"] for point in described["points"] or ()]
-        return described
-
-    async def get_startup_problem(self) -> str | None:
-        # For the driver, which stops the service with this line rather than serve 503s forever.
-        problem = (await self.description(None))["problem"]
-        return problem or (self.gateway.key_problem() if self.gateway is not None else None)
-
-    async def drain(self, timeout_s: float) -> int:
-        # Called before the replicas stop, so that no request taken is left without them; returns how
-        # many are still unanswered after timeout_s.
-        self.draining = True
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while self.in_flight and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
-        return self.in_flight
-
-    async def ready(self) -> dict[str, Any]:
-        if self.draining:
-            raise RequestError(503, "the service is stopping; retry shortly or on another instance.")
-        described = await self.description(READY_WAIT_S)
-        if described["problem"]:
-            raise RequestError(503, described["problem"])
-        return described
+    def count_refusal(self, err: Exception) -> None:
+        refused = http_error(err)
+        if refused is not None:
+            self.rejected.inc(1, tags={"status": str(refused[0])})
 
     @api.post(
         "/v1/route",
@@ -383,30 +393,17 @@ class RouterIngress:
         summary="Pick the agent for each query",
     )
     async def route(self, request: Request) -> JSONResponse:
-        self.in_flight += 1
         try:
-            return await self.route_counted(request)
+            loaded = await self.ready()
+            body = await read_body(request, self.max_request_bytes)
+            queries, asked = parse_route_body(body, self.max_queries)
+            results = await self.scored(loaded, queries, asked)
         except Exception as err:  # counted here, answered by the error handler
             self.count_refusal(err)
             raise
-        finally:
-            self.in_flight -= 1
-
-    def count_refusal(self, err: Exception) -> None:
-        refused = http_error(err)
-        if refused is not None:
-            self.rejected.inc(1, tags={"status": str(refused[0])})
-
-    async def route_counted(self, request: Request) -> JSONResponse:
-        described = await self.ready()
-        body = await read_body(request, self.max_request_bytes)
-        queries, asked = parse_route_body(body, self.max_queries)
-        answer = await self.router.route.remote(queries, asked)
-        if "refused" in answer:
-            raise answer["refused"]  # the library's own error, returned by the replica (RouterReplica.route)
-        for agent, count in Counter(result["picked_agent"] for result in answer["results"]).items():
+        for agent, count in Counter(result["picked_agent"] for result in results).items():
             self.routed.inc(count, tags={"agent": agent})
-        return JSONResponse({"results": answer["results"], "router": described["identity"]})
+        return JSONResponse({"results": results, "router": loaded.identity})
 
     @api.get(
         "/v1/pool",
@@ -416,17 +413,22 @@ class RouterIngress:
         summary="The router's agents in pool order, and its operating points",
     )
     async def pool_agents(self) -> dict[str, Any]:
-        described = await self.ready()
-        return {"agents": described["pool"], "operating_points": described["points"], "router": described["identity"]}
+        loaded = await self.ready()
+        return {"agents": loaded.pool, "operating_points": loaded.points, "router": loaded.identity}
 
     @api.api_route(
         "/healthz",
         methods=["GET", "HEAD"],
         summary="200 once the router is loaded, a JSON 503 until then",
-        responses={503: {"model": ErrorResponse}},
+        responses={503: {"model": HealthProblem}},
     )
-    async def healthz(self) -> dict[str, Any]:
-        return {"status": "ok", "router": (await self.ready())["identity"]}
+    async def healthz(self) -> Any:
+        try:
+            loaded = await self.ready()
+        except RequestError as err:
+            state = "loading" if self.loaded is None else "failed"
+            return JSONResponse({"error": str(err), "status": state}, status_code=503, headers=RETRY_HEADERS)
+        return {"status": "ok", "router": loaded.identity}
 
     # -----------------------------------------------------------------------------------------
     # The OpenAI-compatible gateway (docs/gateway.md)
@@ -466,55 +468,46 @@ class RouterIngress:
         },
     )
     async def chat_completions(self, request: Request) -> Response:
-        self.in_flight += 1
-        response: Response | None = None
         try:
-            response = await self.chat_counted(request)
-            return response
+            return await self.chat_counted(request)
         except Exception as err:  # counted here, answered by the error handler
             self.count_refusal(err)
             raise
-        finally:
-            if isinstance(response, UpstreamStream):
-                response.closing.append(self.stream_done)  # taken until the stream ends: drain() waits for it
-            else:
-                self.in_flight -= 1
-
-    def stream_done(self) -> None:
-        self.in_flight -= 1
 
     async def chat_counted(self, request: Request) -> Response:
         gateway = self.gateway_on(request)
-        described = await self.ready()
+        loaded = await self.ready()
         body = await read_body(request, gateway.settings.max_request_bytes)
         big = len(body) > LARGE_BODY_BYTES
         payload = await off_loop(big, parse_chat_body, body)
-        target = parse_model(payload.get("model"), gateway.settings.upstreams, described["point_names"])
+        target = parse_model(payload.get("model"), gateway.settings.upstreams, loaded.point_names)
         if target.upstream is not None:
             return await gateway.forward(payload, Plan(attempts=(target.upstream,), routed=False), big)
         text = routing_text(payload.get("messages"), gateway.settings.route_on)
-        answer = await self.router.route.remote([text], target.point)
-        if "refused" in answer:  # e.g. text the router's tokenizer reduces to nothing
-            raise GatewayError(400, first_line(answer["refused"]), param="messages")
-        (result,) = answer["results"]
+        try:
+            (result,) = await self.scored(loaded, [text], target.point)
+        except RouterError as refusal:  # e.g. text the router's tokenizer reduces to nothing
+            if isinstance(refusal, RequestError):
+                raise
+            raise GatewayError(400, first_line(refusal), param="messages") from None
         self.routed.inc(1, tags={"agent": result["picked_agent"]})
-        router_fallback = described["fallbacks"].get(result.get("operating_point"))
+        router_fallback = loaded.fallbacks.get(result.get("operating_point"))
         plan = routed_plan(result, gateway.settings.upstreams, gateway.settings.fallback_agent, router_fallback)
         return await gateway.forward(payload, plan, big)
 
     @api.get("/v1/models", summary="OpenAI's model list: the router, at each operating point, and each agent")
     async def models(self, request: Request) -> dict[str, Any]:
         self.gateway_on(request)
-        described = await self.ready()
-        return {"object": "list", "data": [model_entry(name, self.created) for name in self.model_names(described)]}
+        loaded = await self.ready()
+        return {"object": "list", "data": [model_entry(name, self.created) for name in self.model_names(loaded)]}
 
     @api.get("/v1/models/{model:path}", summary="One model of GET /v1/models (an agent also by its slug)")
     async def model(self, request: Request, model: str) -> dict[str, Any]:
         gateway = self.gateway_on(request)
-        described = await self.ready()
-        if model in self.model_names(described) or gateway.settings.upstreams.resolve(model) is not None:
+        loaded = await self.ready()
+        if model in self.model_names(loaded) or gateway.settings.upstreams.resolve(model) is not None:
             return model_entry(model, self.created)
         raise GatewayError(404, f"the model {model!r} does not exist here; see GET /v1/models.", code="model_not_found")
 
-    def model_names(self, described: dict[str, Any]) -> list[str]:
-        return model_names(described["point_names"], [agent["id"] for agent in described["pool"]])
+    def model_names(self, loaded: ServedRouter) -> list[str]:
+        return model_names(loaded.point_names, [agent["id"] for agent in loaded.pool])

@@ -108,7 +108,7 @@ def json_value(value: Any) -> Any:
 def ray_for_bulk(address: str | None, num_cpus: int, progress: bool) -> Iterator[Any]:
     """Ray Data's context for one run (rows kept in order, progress shown or not) on this process's
     Ray, a cluster's, or a local Ray started and stopped here."""
-    _, connected = start_ray(address, num_cpus)
+    connected = start_ray(address, num_cpus)
     previous_handler = None
     if threading.current_thread() is threading.main_thread():
         # After ray.init, whose own handler aborts the process (SIGABRT and a stack dump): SIGTERM

