@@ -131,6 +131,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     ]
     if args.routellm and (long_only or args.correct_at is not None or args.drop_incomplete):
         parser.error("the --*-column, --correct-at and --drop-incomplete flags are for --long")
+    if args.latency_unit != "ms" and args.latency_column is None:
+        parser.error("--latency-unit is the unit of --latency-column; pass both (usual columns carry their unit)")
     if args.call_cost and args.pool is not None:
         parser.error("pass --pool (prices per token) or --call-cost (a cost per call), not both")
     agents = [agent for agent, _ in args.call_cost]
