@@ -106,6 +106,17 @@ def cheapest_within(
     return min(eligible, key=lambda p: (getattr(p, by), -p.reward)) if eligible else None
 
 
+def saving(value: float, reference: float) -> float | None:
+    """1 - value / reference: the share of the reference's cost or latency saved; None (no figure) when
+    the reference's is 0 (every call priced at 0 or answered in 0 ms), against which nothing is saved."""
+    return 1 - value / reference if reference > 0 else None
+
+
+def share_text(saved: float | None, what: str) -> str:
+    """`73% of its latency`, or that no share exists against a reference of 0."""
+    return f"{100 * (1 - saved):.0f}% of its {what}" if saved is not None else f"no share of its {what} (which is 0)"
+
+
 def headline(result: FrontierResult, eps: float | None = None) -> dict[str, Any]:
     """Savings of the router against the reference (best fixed agent) at equal quality, and dominance.
 
@@ -129,8 +140,8 @@ def headline(result: FrontierResult, eps: float | None = None) -> dict[str, Any]
                 "delta_se": best.delta_se,
                 "cost_per_1k": best.cost_per_1k,
                 "latency_s": best.latency_s,
-                "cost_saving": 1 - best.cost_per_1k / reference.cost_per_1k,
-                "latency_saving": 1 - best.latency_s / reference.latency_s,
+                "cost_saving": saving(best.cost_per_1k, reference.cost_per_1k),
+                "latency_saving": saving(best.latency_s, reference.latency_s),
             }
         )
     dominated_by = {}
@@ -162,8 +173,7 @@ def headline_text(summary: dict[str, Any], names: dict[str, str] | None = None, 
         if figures:
             text += (
                 f", {best['reward']:.4f} (Δ {best['delta_reward']:+.4f} ± {best['delta_se']:.4f}) at "
-                f"{100 * (1 - best['cost_saving']):.0f}% of its cost and {100 * (1 - best['latency_saving']):.0f}% "
-                "of its latency"
+                f"{share_text(best['cost_saving'], 'cost')} and {share_text(best['latency_saving'], 'latency')}"
             )
     dominated = [name for name, by in summary.get("fixed_agents_dominated_by_a_router", {}).items() if by]
     every = summary.get("router_dominates_every_fixed_agent")
