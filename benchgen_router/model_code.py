@@ -14,37 +14,62 @@ _PACKAGED = PACKAGE_DIR / "default_router"
 
 try:  # a clone or an editable install
     from configuration_router import (
+        DEFAULT_TRADEOFF,
         DEFAULT_TRUNCATION_LENGTH,
+        HEAD_KINDS,
         OPERATING_POINT_NAME,
+        QUANTILE_LEVELS,
+        TRADEOFF_FORMS,
         RouterConfig,
         canonical_query,
         check_operating_points,
         check_query_format,
+        parse_tradeoff,
+        resolve_tradeoff,
     )
-    from modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
+    from modeling_router import AUTO_MAP, CODE_FILES, RouterModel, decide, packaged_backbone
 except ImportError:  # a wheel install
     from benchgen_router.default_router.configuration_router import (
+        DEFAULT_TRADEOFF,
         DEFAULT_TRUNCATION_LENGTH,
+        HEAD_KINDS,
         OPERATING_POINT_NAME,
+        QUANTILE_LEVELS,
+        TRADEOFF_FORMS,
         RouterConfig,
         canonical_query,
         check_operating_points,
         check_query_format,
+        parse_tradeoff,
+        resolve_tradeoff,
     )
-    from benchgen_router.default_router.modeling_router import AUTO_MAP, CODE_FILES, RouterModel, packaged_backbone
+    from benchgen_router.default_router.modeling_router import (
+        AUTO_MAP,
+        CODE_FILES,
+        RouterModel,
+        decide,
+        packaged_backbone,
+    )
 
 __all__ = [
     "AUTO_MAP",
     "CODE_FILES",
+    "DEFAULT_TRADEOFF",
     "DEFAULT_TRUNCATION_LENGTH",
+    "HEAD_KINDS",
     "OPERATING_POINT_NAME",
+    "QUANTILE_LEVELS",
+    "TRADEOFF_FORMS",
     "RouterConfig",
     "RouterModel",
     "canonical_query",
     "check_operating_points",
     "check_query_format",
+    "decide",
     "default_router_dir",
     "packaged_backbone",
+    "parse_tradeoff",
+    "resolve_tradeoff",
 ]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from benchgen_router.errors import InputError
 from benchgen_router.evaluation import evaluate_picks
-from benchgen_router.head import check_float32_finite, head_logits, head_param_count, head_picks
+from benchgen_router.head import check_float32_finite, head_param_count, head_picks, unflatten_theta
 
 CMA_LIBRARIES = ("pycma", "cmaes")
 # pycma's diagonal CMA-ES: at the release geometry (10,245 parameters) it reached a higher reward than
@@ -24,10 +24,40 @@ CMA_LIBRARIES = ("pycma", "cmaes")
 DEFAULT_CMA_LIBRARY = "pycma"
 
 
+def population_picks(thetas: np.ndarray, embeddings: np.ndarray, num_agents: int, hidden_dim: int) -> np.ndarray:
+    """Each candidate head's pick per row, (P, n) -> (Q, P): head_logits(...).argmax(-1), transposed,
+    with the embedding product as one BLAS matrix product (Q, D) @ (D, P * width). np.einsum without
+    `optimize` runs that contraction as a plain C loop, about 15x slower at 11,000 rows x 384
+    dimensions x 23 candidates (docs/training.md, "Training time").
+
+    A linear head's pick depends only on the logits' differences to agent 0, so it scores N - 1
+    columns per candidate, not N: E @ (w_j - w_0) + (b_j - b_0), and agent j > 0 is picked where
+    that difference is the first strict maximum above 0 (np.argmax's first-on-ties rule). The picks
+    equal head_logits' except where two agents' logits tie to the last bits of float64."""
+    thetas = np.atleast_2d(thetas)
+    parts = unflatten_theta(thetas, embeddings.shape[1], num_agents, hidden_dim)
+    population, dim = len(thetas), embeddings.shape[1]
+    if hidden_dim == 0:
+        weight, bias = parts  # (P, D, N), (P, N)
+        first_layer, first_bias = weight[..., 1:] - weight[..., :1], bias[:, 1:] - bias[:, :1]
+    else:
+        first_layer, first_bias = parts[0], parts[1]  # (P, D, H), (P, H)
+    width = first_layer.shape[-1]
+    stacked = np.ascontiguousarray(first_layer.transpose(1, 0, 2)).reshape(dim, population * width)
+    projected = (embeddings @ stacked).reshape(len(embeddings), population, width) + first_bias[None]
+    if hidden_dim == 0:
+        if num_agents == 2:
+            return (projected[..., 0] > 0).astype(np.intp)
+        differences = np.concatenate([np.zeros((*projected.shape[:2], 1)), projected], axis=-1)
+        return differences.argmax(axis=-1)
+    _, _, w2, b2 = parts
+    return (np.matmul(np.tanh(projected).transpose(1, 0, 2), w2) + b2[:, None]).argmax(axis=-1).T
+
+
 def fitness(thetas: np.ndarray, embeddings: np.ndarray, rewards: np.ndarray, hidden_dim: int) -> np.ndarray:
     """Mean reward of each candidate head's picks: thetas (P, n) -> (P,), one vectorised pass."""
-    picks = head_logits(thetas, embeddings, rewards.shape[1], hidden_dim).argmax(axis=-1)  # (P, Q)
-    return rewards[np.arange(rewards.shape[0]), picks].mean(axis=1)
+    picks = population_picks(thetas, embeddings, rewards.shape[1], hidden_dim)  # (Q, P)
+    return rewards[np.arange(rewards.shape[0]), picks.T].mean(axis=1)  # (P, Q) averaged along rows
 
 
 class _PycmaDiagonal:
@@ -127,34 +157,68 @@ def search_head(
     vectorised pass, the best candidate ever seen returned. Deterministic for a fixed seed.
     Diagonal because a full covariance of a 10,245-parameter head is a 10,245^2 matrix; pycma is the
     default and cmaes.SepCMA the alternative (`library`), compared in docs/benchmark.md."""
+    return search_heads(embeddings, [rewards], [seed], hidden_dim, sigma0, generations, popsize, library, progress)[0]
+
+
+def search_heads(
+    embeddings: np.ndarray,
+    targets: Sequence[np.ndarray],
+    seeds: Sequence[int],
+    hidden_dim: int = 0,
+    sigma0: float = 0.5,
+    generations: int = 60,
+    popsize: int | None = None,
+    library: str = DEFAULT_CMA_LIBRARY,
+    progress: bool = False,
+) -> list[SearchResult]:
+    """Independent searches over the same embeddings, one per (target matrix, seed), run in lockstep:
+    each generation, every search's candidates are scored through one product with the embeddings
+    (reading the 11,000 x 384 matrix once instead of once per search), then each search is told its
+    own scores. Every search has its own strategy and random generator, so each result is exactly
+    search_head(embeddings, target, seed=seed)'s. A result's `seconds` is its share of the wall time."""
     from tqdm.auto import tqdm
 
-    check_search_settings(sigma0, generations, seed, popsize, library)
-    dim = head_param_count(embeddings.shape[1], rewards.shape[1], hidden_dim)
-    strategy = (_PycmaDiagonal if library == "pycma" else _CmaesSep)(dim, sigma0, seed, popsize)
-    best_theta, best_reward, history = np.zeros(dim), -math.inf, []
+    if len(targets) != len(seeds) or not targets:
+        raise ValueError(f"search_heads needs one seed per target matrix, got {len(targets)} and {len(seeds)}")
+    for seed in seeds:
+        check_search_settings(sigma0, generations, seed, popsize, library)
+    agents = targets[0].shape[1]
+    dim = head_param_count(embeddings.shape[1], agents, hidden_dim)
+    make = _PycmaDiagonal if library == "pycma" else _CmaesSep
+    strategies = [make(dim, sigma0, seed, popsize) for seed in seeds]
+    best = [(np.zeros(dim), -math.inf) for _ in strategies]
+    histories: list[list[dict[str, Any]]] = [[] for _ in strategies]
+    rows = np.arange(embeddings.shape[0])
     started = time.perf_counter()
-    with tqdm(range(generations), desc=f"CMA-ES ({library})", unit="gen", disable=not progress) as bar:
+    desc = f"CMA-ES ({library})" + (f", {len(strategies)} searches" if len(strategies) > 1 else "")
+    with tqdm(range(generations), desc=desc, unit="gen", disable=not progress) as bar:
         for generation in bar:
-            candidates = strategy.ask()
-            scores = fitness(candidates, embeddings, rewards, hidden_dim)
-            strategy.tell(candidates, -scores)
-            top = int(np.argmax(scores))
-            if scores[top] > best_reward:
-                best_theta, best_reward = candidates[top].copy(), float(scores[top])
-            history.append(
-                {
-                    "generation": generation,
-                    "best_reward": best_reward,
-                    "generation_best": float(scores[top]),
-                    "generation_mean": float(scores.mean()),
-                }
-            )
-            bar.set_postfix(best=f"{best_reward:.4f}")
-    check_float32_finite(best_theta, f"the head found with sigma0={sigma0}")
-    return SearchResult(
-        best_theta, best_reward, history, library, strategy.popsize, generations, time.perf_counter() - started
-    )
+            populations = [strategy.ask() for strategy in strategies]
+            picks = population_picks(np.concatenate(populations), embeddings, agents, hidden_dim)
+            offset = 0
+            for index, (strategy, candidates, target) in enumerate(zip(strategies, populations, targets, strict=True)):
+                # (P, Q) rewards of this search's picks, averaged along rows as fitness() does
+                scores = target[rows, picks[:, offset : offset + len(candidates)].T].mean(axis=1)
+                offset += len(candidates)
+                strategy.tell(candidates, -scores)
+                top = int(np.argmax(scores))
+                if scores[top] > best[index][1]:
+                    best[index] = (candidates[top].copy(), float(scores[top]))
+                histories[index].append(
+                    {
+                        "generation": generation,
+                        "best_reward": best[index][1],
+                        "generation_best": float(scores[top]),
+                        "generation_mean": float(scores.mean()),
+                    }
+                )
+            bar.set_postfix(best=f"{max(reward for _, reward in best):.4f}")
+    seconds = (time.perf_counter() - started) / len(strategies)
+    results = []
+    for (theta, reward), history, strategy in zip(best, histories, strategies, strict=True):
+        check_float32_finite(theta, f"the head found with sigma0={sigma0}")
+        results.append(SearchResult(theta, reward, history, library, strategy.popsize, generations, seconds))
+    return results
 
 
 def cross_validate(

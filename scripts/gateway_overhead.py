@@ -126,7 +126,7 @@ def percentiles(seconds: list[float]) -> tuple[float, float]:
     return 1000 * float(np.percentile(seconds, 50)), 1000 * float(np.percentile(seconds, 99))
 
 
-def ingress_rss_mb() -> float:
+def replica_rss_mb() -> float:
     total = 0
     for process in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
@@ -172,7 +172,7 @@ def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> Non
 
 async def hold_streams(gateway: str, held: HeldUpstream, held_agent: str, count: int) -> tuple[int, list[float], float]:
     """Open `count` streams to the held agent, then time /v1/route while they stay open: (streams held
-    open at both ends, /v1/route seconds, the ingress's RSS in MB meanwhile)."""
+    open at both ends, /v1/route seconds, the replica's RSS in MB meanwhile)."""
     body = {"model": held_agent, "messages": [{"role": "user", "content": "hold"}], "stream": True}
     opened = asyncio.Event()
     started = 0
@@ -200,7 +200,7 @@ async def hold_streams(gateway: str, held: HeldUpstream, held_agent: str, count:
             begun = time.perf_counter()
             response = await http.post(f"{gateway}/v1/route", json={"queries": ["What is 2 + 2?"]})
             routes.append(time.perf_counter() - begun if response.status_code == 200 else float("inf"))
-        held_now, rss = held.holding, ingress_rss_mb()
+        held_now, rss = held.holding, replica_rss_mb()
         release.set()
         await asyncio.gather(*streams, return_exceptions=True)
     return min(started, held_now), routes, rss
@@ -245,7 +245,7 @@ def measure(gateway: str, upstream, held: HeldUpstream, held_agent: str, args: a
     latency_table(gateway, upstream, args.requests, held_agent)
     print("\nStreams held open through the gateway (pass-through to an upstream that never ends them),")
     print("with 20 sequential /v1/route requests meanwhile:\n")
-    print("| streams asked | held open | /v1/route p50 ms | /v1/route p99 ms | ingress RSS MB |")
+    print("| streams asked | held open | /v1/route p50 ms | /v1/route p99 ms | replica RSS MB |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for count in (int(n) for n in args.streams.split(",") if n):
         held_open, routes, rss = asyncio.run(hold_streams(gateway, held, held_agent, count))

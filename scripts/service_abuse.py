@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -62,17 +63,15 @@ def abuse(url: str, head: bytes, chunks: list[bytes]) -> bytes:
 
 
 def service_rss_mb() -> dict[str, float]:
-    roles = {"router replica": 0.0, "ingress": 0.0, "proxy": 0.0}
+    roles = {"router replica": 0.0, "proxy (HAProxy or Ray Serve's)": 0.0}
     for process in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             title = " ".join(process.cmdline())
             role = (
-                "ingress"
-                if "ServeReplica:benchgen-router:Ingress" in title
-                else "router replica"
+                "router replica"
                 if "ServeReplica:benchgen-router:Router" in title
-                else "proxy"
-                if "ProxyActor" in title
+                else "proxy (HAProxy or Ray Serve's)"
+                if "ProxyActor" in title or Path(process.cmdline()[0]).name == "haproxy"
                 else None
             )
             if role:
@@ -128,7 +127,7 @@ def main() -> None:
             after = service_rss_mb()
             rows.append((name, sent, answered, latencies, before, after, abusers))
     print(f"CPU: {cpu_summary()}; {args.clients} normal clients, one query per request, {args.seconds:g} s per phase\n")
-    print("| phase | normal requests | answered | p50 ms | p99 ms | RSS MB (replica / ingress / proxy) | abusers got |")
+    print("| phase | normal requests | answered | p50 ms | p99 ms | RSS MB (replica / proxy) | abusers got |")
     print("| --- | ---: | ---: | ---: | ---: | --- | --- |")
     for name, sent, answered, latencies, before, after, abusers in rows:
         rss = " / ".join(f"{before[role]:.0f} -> {after[role]:.0f}" for role in before)

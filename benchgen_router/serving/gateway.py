@@ -5,7 +5,7 @@ to that agent's upstream, and the answer with the decision in its headers.
     {"model": "benchgen-router:fast", "messages": [...]}   routed at the operating point "fast"
     {"model": "<agent id or slug>", "messages": [...]}     passed straight to that agent, unrouted
 
-The routes themselves are the ingress's (serving/app.py). Nothing here imports torch: it runs there.
+The routes themselves are the service's deployment's (serving/app.py), which relays in the process that scores.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ DEFAULT_MAX_REQUEST_BYTES = 16 << 20
 # the text; longer text would only cost tokenizing in the replica, beside every query of its batch.
 ROUTING_TEXT_MAX_CHARS = 65536
 # Bodies past this size are parsed and written in a thread: tens of milliseconds of JSON on the event
-# loop would stall every stream this ingress relays.
+# loop would stall every stream this replica relays, and the requests it reads.
 LARGE_BODY_BYTES = 1 << 20
 # Idle upstream connections kept open: a burst of calls to an HTTPS upstream then skips new handshakes.
 KEEPALIVE_CONNECTIONS = 256
@@ -76,7 +76,7 @@ def openai_error(status: int, message: str, code: str | None = None, param: str 
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    """What the ingress needs to forward chat completions; sent to it with the application."""
+    """What a replica needs to forward chat completions; sent to it with the application."""
 
     upstreams: UpstreamPool
     route_on: str = "last-user"  # or "conversation": what the router scores (routing_text)
@@ -370,7 +370,7 @@ class GatewayMetrics:
 
 
 class Gateway:
-    """One per ingress replica: the settings, the metrics, and one HTTP client that every call shares."""
+    """One per replica: the settings, the metrics, and one HTTP client that every call shares."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
@@ -395,7 +395,7 @@ class Gateway:
             timeout_s = self.settings.timeout_s
             self.http = httpx.AsyncClient(
                 timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S)),
-                # No cap on connections: the ingress's request slots bound them already.
+                # No cap on connections: the replica's request slots bound them already.
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS),
             )
         return self.http
@@ -462,7 +462,7 @@ def encode_body(payload: dict[str, Any], model: str) -> bytes:
 class UpstreamStream(StreamingResponse):
     """An upstream's stream relayed chunk by chunk. However the relay ends (the stream is done, the upstream
     fails, the client goes away and Ray Serve cancels the request), the upstream call is closed, its usage
-    counted, and each of `closing` called."""
+    counted."""
 
     def __init__(
         self,
@@ -476,7 +476,6 @@ class UpstreamStream(StreamingResponse):
         self.reply, self.upstream, self.metrics = reply, upstream, metrics
         self.started, self.timeout_s = started, timeout_s
         self.usage = StreamUsage()
-        self.closing: list[Callable[[], None]] = []
         super().__init__(self.relay(), status_code=reply.status_code, headers=headers)
 
     async def relay(self) -> AsyncIterator[bytes]:
@@ -502,5 +501,3 @@ class UpstreamStream(StreamingResponse):
                 await self.reply.aclose()
             self.usage.finish()
             self.metrics.finished(self.upstream, self.usage.usage, time.perf_counter() - self.started, stream=True)
-            for done in self.closing:
-                done()

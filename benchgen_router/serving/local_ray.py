@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import ray
@@ -45,6 +47,7 @@ HAPROXY_BINARY_VARIABLE = "RAY_SERVE_HAPROXY_BINARY_PATH"
 # it within a fraction of a second, and stops with it: a second is enough, and stopping takes seconds.
 DRAIN_WINDOW_VARIABLE = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
 DRAIN_WINDOW_S = "1"
+FOLDER_PREFIX = "bgr-serve-"
 # How long Ray's own processes get to exit after ray.shutdown() before they are killed.
 LEFTOVER_GRACE_S = 2.0
 
@@ -117,9 +120,20 @@ def own_process_groups() -> Iterator[None]:
 
 
 def new_local_ray() -> LocalRay:
-    """The folder for a Ray about to start (short: Unix socket paths are limited to 107 bytes)."""
-    folder = tempfile.mkdtemp(prefix="bgr-serve-")
+    """The folder for a Ray about to start (short: Unix socket paths are limited to 107 bytes), named
+    after this process; the folders of services whose process was killed are removed first."""
+    remove_orphaned_folders()
+    folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
     return LocalRay(folder=folder, earlier={child.pid for child in psutil.Process().children(recursive=True)})
+
+
+def remove_orphaned_folders() -> None:
+    """A service killed with SIGKILL cannot remove its folder: the next one does, once no process of
+    that id runs (its Ray's processes died with it)."""
+    for folder in Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*-*"):
+        owner = folder.name.removeprefix(FOLDER_PREFIX).split("-", 1)[0]
+        if owner.isdigit() and not psutil.pid_exists(int(owner)) and folder.owner() == getpass.getuser():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def started_processes(local: LocalRay) -> list[psutil.Process]:

@@ -1,8 +1,8 @@
 """Ray Serve's warnings that repeat under load, one line a minute instead of one per request.
 
-When the machine's cores are all busy, a router replica answers the ingress's queue-length probes
-late, and hands back requests beyond its limit, and Ray Serve logs a warning for each: hundreds a
-minute, which bury every other line.
+When the machine's cores are all busy, a router replica answers its callers' queue-length probes
+(Ray Serve's proxy, in standard mode) late, and hands back requests beyond its limit, and Ray
+Serve logs a warning for each: hundreds a minute, which bury every other line.
 The first of each is logged as it comes; later ones are counted and logged once a period with
 their count, so a real and lasting problem still shows, at a rate someone can read.
 """
@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-# What Ray Serve logs when a replica is slow to answer the ingress's probe, and when a replica
+# What Ray Serve logs when a replica is slow to answer a caller's probe, and when a replica
 # hands a request back because it holds its max_ongoing_requests already (the request is then
 # sent to another replica, or again): both are routine on a saturated machine.
 REPEATING_UNDER_LOAD = ("Failed to get queue length from", "Replica at capacity of max_ongoing_requests")

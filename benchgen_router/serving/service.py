@@ -499,8 +499,12 @@ def deploy(application: Any, plan: ServicePlan, local_ray: LocalRay | None, conn
         logging_config={"log_level": plan.system_log_level, "enable_access_log": plan.access_log},
     )
     ray_serve.run(application, name=APP_NAME, route_prefix="/")
-    url = f"http://{plan.host}:{plan.port}"
-    problem = wait_until_loaded(probe_url(plan.host, plan.port), LOAD_TIMEOUT_S)
+    # A Serve already running on a joined Ray keeps its own host and port.
+    from ray.serve.context import _get_global_client
+
+    http = _get_global_client().http_config
+    url = f"http://{http.host}:{http.port}"
+    problem = wait_until_loaded(probe_url(http.host, http.port), LOAD_TIMEOUT_S)
     if problem:
         raise InputError(problem)
     return RunningService(
