@@ -108,3 +108,49 @@ def test_the_card_stays_short():
     report.ood_guard = guard
     card = render_card(config(ood_threshold=1.5, ood_fallback_agent="frontier_b"), report, "org/model", None)
     assert len(card.splitlines()) <= 100
+
+
+def in_short(card: str) -> str:
+    return next(line for line in card.splitlines() if line.startswith("In short: "))
+
+
+def test_the_summary_sentence_says_what_the_table_supports():
+    """The cheapest router point at equal quality may cost more than the reference: then the card says
+    that no point at equal quality costs less, and names the cheapest one; when one does cost less, it
+    says that. Read against the card's own table rows."""
+    settings = {
+        "quality": {"cost_weight": 0, "latency_weight": 0},
+        "balanced": {"cost_weight": 0.2, "latency_weight": 0},
+    }
+
+    def card_for(quality_cost: float, balanced_cost: float, balanced_reward: float) -> str:
+        points = {
+            "quality": cv_point("router lc0_ll0", "router", 0.89, quality_cost, 15.0, (0, 0)),
+            "balanced": cv_point("router lc0.2_ll0", "router", balanced_reward, balanced_cost, 8.0, (0.2, 0)),
+        }
+        stored = frontier(*points.values(), cv_point("always frontier_a", "fixed", 0.9, 0.1, 20.0))
+        report = TrainingReport.from_dict({"frontier": stored}, "report")
+        report.operating_points = {
+            name: PointReport(
+                cost_weight=s["cost_weight"],
+                latency_weight=s["latency_weight"],
+                cv=PointFigures.from_dict(points[name], "cv"),
+            )
+            for name, s in settings.items()
+        }
+        return render_card(config(operating_points=settings, operating_point="balanced"), report, "org/model", None)
+
+    # quality (Δ -0.01 ± 0.02) is at equal quality but at 107% of the reference's cost; balanced is cheaper but
+    # 0.05 below, outside the paired se: no point at equal quality costs less (the README card's case)
+    pricier = card_for(0.107, 0.06, 0.85)
+    assert "| 0.1070 (107%) |" in pricier
+    assert in_short(pricier).startswith(
+        "In short: no router point at equal quality with always frontier_a (within the paired se of the reward-only "
+        "point) costs less than it; the cheapest of them is quality;"
+    )
+    cheaper = card_for(0.107, 0.06, 0.89)
+    assert "| 0.0600 (60%) |" in cheaper
+    assert in_short(cheaper).startswith(
+        "In short: the cheapest router point at equal quality with always frontier_a (within the paired se of the "
+        "reward-only point) is balanced, which costs less than it;"
+    )
