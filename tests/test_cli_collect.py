@@ -100,6 +100,23 @@ def test_bad_flags_are_usage_errors(inputs, flags, expected, capsys):
     assert expected in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("second_line", "expected"),
+    [
+        (b'{"task_id": "u", "prompt": "caf\xe9?", "answer": "1", "grader": "numeric_match"}', "line 2 is not UTF-8"),
+        (b'{"task_id": "u", "prompt": "\\udc80?", "answer": "1", "grader": "numeric_match"}', "row 2 (u) holds"),
+    ],
+)
+def test_a_tasks_file_that_is_not_utf8_is_refused_before_anything_is_written(inputs, second_line, expected, capsys):
+    """A Latin-1 byte, or a lone surrogate written as a JSON escape, has no UTF-8 form to send or hash."""
+    first = json.dumps({"task_id": "t", "prompt": "p", "answer": "1", "grader": "numeric_match"}).encode()
+    (inputs / "tasks.jsonl").write_bytes(first + b"\n" + second_line + b"\n")
+    assert cli("collect", *collect_args(inputs), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(path.name for path in inputs.iterdir()) == ["pool.json", "tasks.jsonl"]  # no journal, no output
+
+
 def test_an_unset_key_variable_is_named(inputs, capsys):
     document = json.loads((inputs / "pool.json").read_text())
     document["agents"][0]["api_key_env"] = "COLLECT_CLI_TEST_UNSET"

@@ -20,6 +20,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from benchgen_router.errors import InputError
@@ -116,12 +117,20 @@ def read_tasks(path: str, limit: int | None = None) -> list[Task]:
     """The first `limit` tasks of a tasks file (all without a limit), checked; task ids must be unique.
     Each grader used is run once, so a missing dependency (math-verify) is reported before any call."""
     rows = read_jsonl(path, "tasks file")
+    _check_utf8(Path(path))
     rows = rows if limit is None else rows[:limit]
     if not rows:
         raise InputError(f"tasks file {path} has no tasks; pass a JSON-lines file with one task per line.")
     tasks, seen = [], set()
     for number, row in enumerate(rows, start=1):
         task = task_from_row(row, f"tasks file {path} row {number}")
+        try:  # a lone surrogate written as a JSON escape ("\udc80") is valid JSON but no text
+            to_json(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InputError(
+                f"tasks file {path} row {number} ({task.task_id}) holds a lone surrogate "
+                f"({err.object[err.start]!a}), which is no text; fix that escape."
+            ) from None
         if task.task_id in seen:
             raise InputError(f"tasks file {path} row {number} repeats task_id '{task.task_id}'; ids must be unique.")
         seen.add(task.task_id)
@@ -129,6 +138,19 @@ def read_tasks(path: str, limit: int | None = None) -> list[Task]:
     for grader in sorted({task.grader for task in tasks}):
         grade(grader, "0", "0")
     return tasks
+
+
+def _check_utf8(path: Path) -> None:
+    """Refuse a file that is not UTF-8 text, naming the first line that is not (nothing could send or
+    record such a prompt)."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputError(
+            f"tasks file {path} line {line} is not UTF-8 (byte 0x{data[err.start]:02x}); save the file as UTF-8."
+        ) from None
 
 
 def pool_digest(agents: Sequence[str], models: Sequence[str]) -> str:
