@@ -16,6 +16,12 @@ from transformers import AutoConfig, PretrainedConfig
 DEFAULT_TRUNCATION_LENGTH = 1024  # the reference embeds with truncation=True, max_length=1024
 # Operating point names are module names in the state dict (head.<name>.weight): no dots, not numeric.
 OPERATING_POINT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+# "cmaes": the head's argmax is the pick (the release's method). "probability": the head's sigmoid is each
+# agent's probability of answering correctly, and a trade-off rule given per request picks (docs/tradeoff.md).
+HEAD_KINDS = ("cmaes", "probability")
+DEFAULT_TRADEOFF = "tolerance=0"  # a probability head with no trade-off given: the most likely agent
+TRADEOFF_FORMS = "tolerance=T (0-1), lambda=L (>= 0), budget=X (0-1) or budget=X@AGENT, usd-per-1k=Y (>= 0)"
+QUANTILE_LEVELS = [i / 100 for i in range(101)]  # levels of the calibration sample's margin quantiles
 
 
 class RouterConfig(PretrainedConfig):
@@ -87,6 +93,16 @@ class RouterConfig(PretrainedConfig):
         training (`dict`, *optional*):
             A short provenance summary (rewards dataset, split sizes, rewards, baselines); the full
             record is `training_report.json` beside the config. Nothing at inference time reads it.
+        head_kind (`str`, *optional*, defaults to `"cmaes"`):
+            `"cmaes"`: the pick is the head's argmax (the release's method). `"probability"`: the head's
+            sigmoid is each agent's probability of answering correctly, and the pick follows a trade-off
+            rule given per request (`tradeoff="budget=0.3"`, see `parse_tradeoff` and docs/tradeoff.md).
+        agent_costs_per_1k (`list[float]`, *optional*):
+            A probability head's expected cost of each agent, USD per 1,000 queries, in `id2label` order.
+        tradeoff_calibration (`dict`, *optional*):
+            What the budget rules are calibrated on: for a sample of traffic (`rows` queries), each agent's
+            margin quantiles at `QUANTILE_LEVELS` (`margins`: its probability minus the best other agent's),
+            and the cost per 1,000 queries of the `lambda` rule over a grid (`lambdas`, `cost_per_1k`).
         id2label / label2id:
             The agent pool in logit order (`agent_order` of the manifest).
     """
@@ -114,6 +130,9 @@ class RouterConfig(PretrainedConfig):
         operating_point: str | None = None,
         query_format: dict[str, list[str]] | None = None,
         training: dict[str, Any] | None = None,
+        head_kind: str = "cmaes",
+        agent_costs_per_1k: list[float] | None = None,
+        tradeoff_calibration: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if isinstance(text_config, dict):
@@ -153,6 +172,13 @@ class RouterConfig(PretrainedConfig):
         self.check_operating_point(operating_point)
         self.query_format = check_query_format(query_format)
         self.training = training or {}
+        if head_kind not in HEAD_KINDS:
+            raise ValueError(f"head_kind must be one of {', '.join(HEAD_KINDS)}, got {head_kind!r}.")
+        if head_kind == "probability" and (operating_points or head_hidden_dim):
+            raise ValueError("a probability head is one linear layer: it takes no operating_points or head_hidden_dim.")
+        self.head_kind = head_kind
+        self.agent_costs_per_1k = None if agent_costs_per_1k is None else [float(c) for c in agent_costs_per_1k]
+        self.tradeoff_calibration = tradeoff_calibration
         super().__init__(**kwargs)
         pool = list((self.id2label or {}).values())
         if self.ood_threshold is not None and ood_fallback_agent not in pool:
@@ -204,6 +230,24 @@ class RouterConfig(PretrainedConfig):
         return settings.get("ood_fallback_agent") or self.ood_fallback_agent
 
     @property
+    def costs_per_1k(self) -> list[float]:
+        """Each agent's expected cost per 1,000 queries (`agent_costs_per_1k`; else 1,000: one unit a call)."""
+        return self.agent_costs_per_1k or [1000.0] * len(self.id2label)
+
+    def tradeoff_rule(self, tradeoff: str | None) -> tuple[str, float, int]:
+        """The rule `decide` applies for `tradeoff` (None: DEFAULT_TRADEOFF), budgets resolved through
+        `tradeoff_calibration`; a ValueError for a CMA-ES head or a bad spelling."""
+        if self.head_kind != "probability":
+            if tradeoff is None:
+                return ("argmax", 0.0, -1)
+            raise ValueError(
+                f"tradeoff={tradeoff!r} needs a probability head; this router's head is CMA-ES (head_kind "
+                "'cmaes'), whose trade-offs are its operating points: pass operating_point=... instead."
+            )
+        form, value, agent = parse_tradeoff(tradeoff or DEFAULT_TRADEOFF, self.agent_order, self.costs_per_1k)
+        return resolve_tradeoff(form, value, agent, self.tradeoff_calibration, self.agent_order[agent])
+
+    @property
     def has_ood_guard(self) -> bool:
         """Whether the checkpoint carries an out-of-distribution guard (whether or not it is switched on)."""
         return self.ood_threshold is not None
@@ -230,6 +274,50 @@ def check_operating_points(points: dict[str, dict[str, Any]] | None) -> dict[str
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"operating point {name!r} needs a number {key} >= 0, got {value!r}.")
     return dict(points)
+
+
+def parse_tradeoff(text: str, agents: list[str], costs_per_1k: list[float]) -> tuple[str, float, int]:
+    """(form, value, agent index) of a trade-off spelled `tolerance=T`, `lambda=L`, `budget=X`,
+    `budget=X@AGENT` or `usd-per-1k=Y`; a budget's agent defaults to the most expensive (the first of
+    equals). Anything else is one ValueError naming the valid forms."""
+    form, _, rest = str(text).strip().partition("=")
+    number, _, agent_name = rest.partition("@") if form == "budget" else (rest, "", "")
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    limits = {"tolerance": (0.0, 1.0), "lambda": (0.0, math.inf), "budget": (0.0, 1.0), "usd-per-1k": (0.0, math.inf)}
+    low, high = limits.get(form, (math.nan, math.nan))
+    if not low <= value <= high or math.isinf(value) or (agent_name and agent_name not in agents):
+        raise ValueError(f"bad tradeoff {text!r}: use one of {TRADEOFF_FORMS}, AGENT one of {', '.join(agents)}.")
+    agent = (
+        agents.index(agent_name) if agent_name else max(range(len(costs_per_1k)), key=lambda i: (costs_per_1k[i], -i))
+    )
+    return form, value, agent
+
+
+def resolve_tradeoff(
+    form: str, value: float, agent: int, calibration: dict[str, Any] | None, agent_name: str
+) -> tuple[str, float, int]:
+    """The primitive rule of a parsed trade-off: ("tolerance", T, -1), ("lambda", L, -1), or for
+    `budget=X` ("penalty", mu, agent): mu is subtracted from the agent's probability, set so that on the
+    calibration sample at most X of the queries go to it (the (1 - X) quantile of its margin over the
+    best other agent, as RouteLLM's calibrate_threshold; 0 when it gets no more than X unpenalised).
+    `usd-per-1k=Y` is the `lambda` rule at the smallest grid lambda whose sample cost is at most Y."""
+    if form in ("tolerance", "lambda"):
+        return form, value, -1
+    if not calibration:
+        raise ValueError(f"{form}= needs a calibrated router (config.tradeoff_calibration); recalibrate it first.")
+    if form == "usd-per-1k":
+        lambdas, costs = calibration["lambdas"], calibration["cost_per_1k"]
+        return "lambda", next((lam for lam, cost in zip(lambdas, costs, strict=True) if cost <= value), lambdas[-1]), -1
+    if value == 0:
+        return "penalty", math.inf, agent
+    margins = calibration["margins"][agent_name]
+    position = (1 - value) * (len(margins) - 1)  # margins are quantiles at evenly spaced levels 0..1
+    low = min(int(position), len(margins) - 2)
+    threshold = margins[low] + (position - low) * (margins[low + 1] - margins[low])
+    return "penalty", max(0.0, threshold), agent
 
 
 def canonical_query(text: str, rules: dict[str, list[str]] | None) -> str:

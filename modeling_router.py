@@ -78,7 +78,8 @@ class RouterOutput(ModelOutput):
     `loss`: cross-entropy against `labels` (agent indices), when given; `hidden_states`: the backbone's.
     `ood_scores`, `out_of_distribution` (batch,): the guard's score and its flag (score above the
     threshold); None without a guard or with `config.ood_guard` False.
-    `picks` (batch,): the router's decision: the head's argmax or, where flagged, the point's fallback agent."""
+    `picks` (batch,): the router's decision: the head's argmax (a probability head: its trade-off rule's
+    pick, see `decide`) or, where flagged, the point's fallback agent."""
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
@@ -191,6 +192,25 @@ def packaged_backbone(name: str) -> str | None:
     return str(path) if (path / "config.json").is_file() else None
 
 
+def decide(probabilities: torch.Tensor, costs_per_1k: torch.Tensor, rule: tuple[str, float, int]) -> torch.Tensor:
+    """(batch, agents) probabilities of answering correctly -> (batch,) picks under a primitive rule
+    (`RouterConfig.tradeoff_rule`): ("tolerance", T, _) the cheapest agent within T of the best probability
+    (ties: the more likely, then the first); ("lambda", L, _) the best probability - L * cost per 1,000
+    queries; ("penalty", mu, a) the best probability after subtracting mu from agent a's; ("argmax", ...)."""
+    p = probabilities.to(torch.float64)
+    kind, value, agent = rule
+    if kind == "tolerance":
+        near = p >= p.max(dim=-1, keepdim=True).values - value
+        cost = torch.where(near, costs_per_1k.to(p), torch.inf)
+        return torch.where(cost == cost.min(dim=-1, keepdim=True).values, p, -torch.inf).argmax(dim=-1)
+    if kind == "lambda":
+        return (p - value * costs_per_1k.to(p)).argmax(dim=-1)
+    if kind == "penalty":
+        p = p.clone()
+        p[:, agent] -= value
+    return p.argmax(dim=-1)  # argmax takes the first of equals, as the reference's np.argmax
+
+
 def build_head(embedding_dim: int, num_agents: int, hidden_dim: int) -> nn.Module:
     """Linear head when hidden_dim == 0, else Linear -> tanh -> Linear (the reference's two shapes)."""
     if hidden_dim == 0:
@@ -300,15 +320,20 @@ class RouterModel(PreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         operating_point: str | list[str] | None = None,
+        tradeoff: str | list[str] | None = None,
     ) -> RouterOutput | tuple[torch.Tensor, ...]:
         """Score a batch, any padding side and length (queries over config.truncation_length cut as the
         tokenizer cuts). `labels` (agent indices) add a cross-entropy `loss`; `output_hidden_states`
         returns the backbone's (the batch then runs padded). `operating_point`: one name, or one per
-        query so that queries at different points (RouterConfig.operating_points) share a backbone pass."""
+        query so that queries at different points (RouterConfig.operating_points) share a backbone pass.
+        `tradeoff`: a probability head's rule (`"budget=0.3"`, docs/tradeoff.md), one or one per query."""
         names = operating_point if isinstance(operating_point, list | tuple) else [operating_point] * len(input_ids)
-        if len(names) != len(input_ids):
-            raise ValueError(f"{len(names)} operating points for a batch of {len(input_ids)}; give one per query.")
+        tradeoffs = tradeoff if isinstance(tradeoff, list | tuple) else [tradeoff] * len(input_ids)
+        for given, what in ((names, "operating points"), (tradeoffs, "tradeoffs")):
+            if len(given) != len(input_ids):
+                raise ValueError(f"{len(given)} {what} for a batch of {len(input_ids)}; give one per query.")
         heads = {name: self.head_for(name) for name in dict.fromkeys(names)}  # a wrong name fails before any work
+        rules = {text: self.config.tradeoff_rule(text) for text in dict.fromkeys(tradeoffs)}
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         # A query with no tokens beyond the tokenizer's own special ones ("" -> [] for Qwen,
@@ -349,6 +374,12 @@ class RouterModel(PreTrainedModel):
         logits = self._head_logits(embeddings, names, heads)
         loss = None if labels is None else nn.functional.cross_entropy(logits, labels.to(logits.device).view(-1))
         picks = logits.argmax(dim=-1)  # first on ties, as the reference's np.argmax
+        if self.config.head_kind == "probability":
+            probabilities = torch.sigmoid(logits.to(torch.float64))
+            costs = torch.tensor(self.config.costs_per_1k, dtype=torch.float64)
+            for text, rule in rules.items():
+                rows = torch.tensor([row for row, other in enumerate(tradeoffs) if other == text], device=picks.device)
+                picks[rows] = decide(probabilities[rows], costs.to(probabilities.device), rule)
         scores = flags = None
         if self.guards_queries:
             scores = self.ood_scores(embeddings)
@@ -502,13 +533,18 @@ class RouterModel(PreTrainedModel):
 
 
 class RouterPipeline(TextClassificationPipeline):
-    """Queries canonicalised as the config says, an `operating_point` per call, and the model's decision
+    """Queries canonicalised as the config says, an `operating_point` or `tradeoff` per call, and the model's decision
     (`RouterOutput.picks`, fallback applied) as the top label, so it picks what every other entry point does."""
 
-    def _sanitize_parameters(self, operating_point: str | None = None, **kwargs: Any):
+    def _sanitize_parameters(self, operating_point: str | None = None, tradeoff: str | None = None, **kwargs: Any):
+        if self.model.config.head_kind == "probability":  # scores are each agent's own probability
+            kwargs.setdefault("function_to_apply", "sigmoid")
         preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
         if operating_point is not None:
             forward["operating_point"] = self.model.config.check_operating_point(operating_point)
+        if tradeoff is not None:
+            self.model.config.tradeoff_rule(tradeoff)  # a bad spelling fails before any query runs
+            forward["tradeoff"] = tradeoff
         return preprocess, forward, postprocess
 
     def preprocess(self, inputs: Any, **tokenizer_kwargs: Any) -> dict[str, torch.Tensor]:
@@ -516,8 +552,8 @@ class RouterPipeline(TextClassificationPipeline):
             inputs = self.model.config.canonical_query(inputs)
         return super().preprocess(inputs, **tokenizer_kwargs)
 
-    def _forward(self, model_inputs: dict[str, torch.Tensor], operating_point: str | None = None) -> RouterOutput:
-        return self.model(**model_inputs, operating_point=operating_point)
+    def _forward(self, model_inputs: dict[str, torch.Tensor], operating_point=None, tradeoff=None) -> RouterOutput:
+        return self.model(**model_inputs, operating_point=operating_point, tradeoff=tradeoff)
 
     def postprocess(self, model_outputs: Any, function_to_apply: Any = None, top_k: int | None = 1, _legacy=True):
         ranked = super().postprocess(model_outputs, function_to_apply, top_k=None, _legacy=False)

@@ -35,6 +35,8 @@ from benchgen_router.ood import check_fallback_agent, guard_statistics_file, loa
 from benchgen_router.report import GuardReport, TrainingReport
 
 logger = logging.getLogger("benchgen_router")
+# What a probability head's manifest adds (trainer/probability.py): the router's config holds them.
+PROBABILITY_KEYS = ("head_kind", "agent_costs_per_1k", "tradeoff_calibration")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -218,6 +220,17 @@ class Release:
     guard: Any = None  # ood.OODGuard, or None for a router without one
     truncation_length: int = DEFAULT_TRUNCATION_LENGTH
     query_format: dict[str, list[str]] | None = None
+    # A probability head (head_kind "probability"): each agent's cost per 1,000 queries and the budget
+    # rules' calibration, as RouterConfig takes them.
+    head_kind: str = "cmaes"
+    agent_costs_per_1k: list[float] | None = None
+    tradeoff_calibration: dict[str, Any] | None = None
+
+    def probability_settings(self) -> dict[str, Any]:
+        """The config keys of a probability head ({} for a CMA-ES one)."""
+        if self.head_kind != "probability":
+            return {}
+        return {key: getattr(self, key) for key in PROBABILITY_KEYS}
 
     def state_dict(self) -> dict[str, Any]:
         dim, count, hidden = self.embedding_dim, len(self.agents), self.head_hidden_dim
@@ -250,7 +263,8 @@ def read_release(
             f"pass --ood-stats FILE{' without --no-ood-guard' if not ood_guard else ''}, or drop --ood-fallback-agent."
         )
     dropped: list[str] = []  # readers rely on the reference's reader keys only: odd provenance is left out
-    report = TrainingReport.from_dict(provenance(manifest), Path(manifest_path).name, dropped)
+    record = {key: value for key, value in provenance(manifest).items() if key not in PROBABILITY_KEYS}
+    report = TrainingReport.from_dict(record, Path(manifest_path).name, dropped)
     for problem in dropped:
         logger.warning("warning: %s; left out of the training report", problem.split("; pass")[0])
     guard = None
@@ -270,7 +284,36 @@ def read_release(
         guard=guard,
         truncation_length=manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH),
         query_format=manifest.get("query_format"),
+        **probability_head(manifest, manifest_path),
     )
+
+
+def probability_head(manifest: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A probability head's settings from its manifest, checked as the router's config checks them ({} for
+    a CMA-ES head)."""
+    settings = {key: manifest[key] for key in PROBABILITY_KEYS if manifest.get(key) is not None}
+    if settings.get("head_kind", "cmaes") == "cmaes":
+        return {}
+    from benchgen_router.model_code import HEAD_KINDS
+
+    agents = manifest["agent_order"]
+    costs = settings.get("agent_costs_per_1k")
+    calibration = settings.get("tradeoff_calibration")
+    if settings["head_kind"] not in HEAD_KINDS:
+        problem = f"head_kind must be one of {', '.join(HEAD_KINDS)}, got {settings['head_kind']!r}"
+    elif manifest["head_hidden_dim"] or manifest.get("operating_points"):
+        problem = "a probability head is one linear layer, with no head_hidden_dim or operating_points"
+    elif not (isinstance(costs, list) and len(costs) == len(agents) and all(_cost(c) for c in costs)):
+        problem = f"agent_costs_per_1k must list {len(agents)} numbers >= 0 (USD per 1,000 queries per agent)"
+    elif not (isinstance(calibration, dict) and set(calibration.get("margins", {})) == set(agents)):
+        problem = "tradeoff_calibration must hold each agent's margins (trainer/probability.py writes it)"
+    else:
+        return settings
+    raise InputError(f"manifest {path}: {problem}; pass the manifest the trainer wrote.")
+
+
+def _cost(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
 
 
 def write_release(
@@ -332,6 +375,7 @@ def write_release(
         architectures=["RouterModel"],
         **guard_settings,
         **point_settings,
+        **release.probability_settings(),
     )
     config.dtype = "float32"  # the reference embeds in float32; "auto" loading resolves to this
     state = release.state_dict()
