@@ -332,3 +332,102 @@ def test_train_reads_what_collect_wrote(full_run, backbone_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["agent_order"] == ["a0", "a1", "a2"] and manifest["n_total"] == 12 and manifest["n_test"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Against a scripted loopback upstream: two runs on one output, a full disk
+
+
+def scripted_folder(folder: Path, base_url: str, tasks: int) -> Path:
+    from test_collect import write_pool as write_toy_pool
+    from test_collect import write_tasks
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_tasks(folder / "tasks.jsonl", count=tasks)
+    write_toy_pool(folder / "pool.json", {"a": base_url, "b": base_url})
+    return folder
+
+
+def test_two_resumed_runs_on_one_output_do_not_both_ask(tmp_path):
+    """Two `collect --resume` on one output, started 0.5 s apart: one asks every missing cell once, the
+    other is refused with one line naming the holder, exit 75, having asked nothing."""
+    from test_collect import OK_BODY, Scripted
+
+    with Scripted([(200, {}, OK_BODY)], delay_s=0.2) as server:
+        folder = scripted_folder(tmp_path, server.base_url, tasks=4)
+        first = ["--repetitions", "2", "--no-progress", "--concurrency", "1"]
+        assert run_tool("collect", *collect_args(folder), *first, "--limit", "1").returncode == 0
+        assert len(server.requests) == 4  # task t0: 2 agents x 2 repetitions
+        runs = [start_collect(folder, *first, "--resume")]
+        time.sleep(0.5)
+        runs.append(start_collect(folder, *first, "--resume"))
+        outcomes = [(run, *run.communicate(timeout=120)) for run in runs]
+    codes = sorted(run.returncode for run, _, _ in outcomes)
+    assert codes == [0, 75], outcomes
+    (winner, _, _), (_, _, refused) = sorted(outcomes, key=lambda outcome: outcome[0].returncode)
+    assert len(refused.strip().splitlines()) == 1 and f"in use by another collect run (pid {winner.pid} on " in refused
+    assert len(server.requests) == 16  # every cell asked once: 4 before, 12 by the run that held the journal
+    cells = [json.loads(line)["call"] for line in (folder / "calls.jsonl.journal").read_text().splitlines()[1:]]
+    assert len(cells) == 16 and not (folder / "calls.jsonl.journal.lock").exists()
+
+
+def limit_file_size(max_bytes: int):
+    """A preexec_fn: writes past `max_bytes` fail with EFBIG (SIGXFSZ ignored, as a shell does not)."""
+
+    def apply() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+    return apply
+
+
+@pytest.fixture(params=["tmpfs", "file size limit"])
+def small_disk(request, tmp_path):
+    """(folder for the output, preexec_fn for the run, a way to give it room): a 64 KiB tmpfs, which the
+    journal fills (ENOSPC; root only), or a 16 KiB limit on the size of any file the run writes (EFBIG)."""
+    if request.param == "file size limit":
+        yield tmp_path / "out", limit_file_size(16_384), lambda: None
+        return
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root; the file size limit case runs instead")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount / "out", None, lambda: subprocess.run(["mount", "-o", "remount,size=4m", str(mount)], check=True)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_after_calls_exits_74_and_resume_continues(tmp_path, small_disk):
+    from test_collect import OK_BODY, Scripted
+
+    out, preexec, make_room = small_disk
+    padded = {
+        **OK_BODY,
+        "choices": [{**OK_BODY["choices"][0], "message": {"role": "assistant", "content": "x" * 1500 + "\nAnswer: 2"}}],
+    }
+    with Scripted([(200, {}, padded)]) as server:
+        inputs = scripted_folder(tmp_path / "inputs", server.base_url, tasks=20)  # 80 cells, ~1.7 KB a line
+        out.mkdir()
+        args = ["--tasks", inputs / "tasks.jsonl", "--pool", inputs / "pool.json", "--output", out / "calls.jsonl"]
+        args += ["--repetitions", "2", "--no-progress", "--concurrency", "2"]
+        command = [sys.executable, "-m", "benchgen_router", "collect", *map(str, args)]
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+        full = subprocess.run(command, capture_output=True, text=True, env=env, preexec_fn=preexec, timeout=300)
+        asked = len(server.requests)
+        assert full.returncode == 74, full.stderr
+        errors = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+        assert 0 < asked < 80 and len(errors) == 1 and errors == full.stderr.strip().splitlines()[-1:], full.stderr
+        journaled = (out / "calls.jsonl.journal").read_bytes().count(b"\n") - 1  # whole lines: a torn one is dropped
+        assert f"after {journaled} calls this run; the journal keeps every finished call" in errors[0]
+        assert "free space, then rerun with --resume to continue" in errors[0]
+        make_room()
+        resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=env, timeout=300)
+        assert resumed.returncode == 0, resumed.stderr
+    assert len(server.requests) - asked == 80 - journaled  # only what the journal lacked was asked again
+    assert len((out / "calls.jsonl").read_text().splitlines()) == 20

@@ -10,8 +10,9 @@ rewards.jsonl format, for train --rewards; default <output stem>.rewards.jsonl).
 call is journaled at once in <output>.journal: after a crash, Ctrl-C or SIGTERM, --resume asks only
 what is missing. 429, 5xx, timeouts and connection errors are retried with backoff; a call that
 still fails is recorded with its error and counted as a wrong answer. --max-cost-usd stops
-launching calls before the journal's spend would pass it (exit 1: some calls not asked). Details:
-docs/collect.md.
+launching calls before the journal's spend would pass it (exit 1: some calls not asked). One run at
+a time holds an output's journal (exit 75 for another: nothing asked); a write that fails after
+calls were made (a full disk) exits 74, and --resume continues. Details: docs/collect.md.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,8 +30,15 @@ from benchgen_router.graders import MATH_EQUIVALENCES
 logger = logging.getLogger("benchgen_router")
 
 HELP = "measure a pool on your prompts: the calls and rewards files train reads"
+# sysexits.h's EX_IOERR and EX_TEMPFAIL: a write failed after calls were made (--resume continues);
+# another run holds the journal (nothing was asked: try again once it ends).
+EXIT_WRITE_FAILED, EXIT_JOURNAL_IN_USE = 74, 75
 EXIT_HELP = EXIT_CODES_HELP.replace(
     "1 some lines skipped, the rest done", "1 stopped at --max-cost-usd, the rest written"
+).replace(
+    "70 unexpected error;",
+    "70 unexpected error; 74 a write failed after calls were made (--resume continues); "
+    "75 another run holds the journal (nothing asked);",
 )
 
 
@@ -114,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from benchgen_router.collect import STOPPED_AT_COST_CAP, CollectConfig, collect
+    from benchgen_router.collect import STOPPED_AT_COST_CAP, CollectConfig, JournalInUse, JournalWriteFailed, collect
 
     config = CollectConfig(
         tasks=args.tasks,
@@ -133,7 +142,11 @@ def run(args: argparse.Namespace) -> int:
         math_equivalence=args.math_equivalence,
         progress=not args.no_progress,
     )
-    result = collect(config)
+    try:
+        result = collect(config)
+    except (JournalInUse, JournalWriteFailed) as err:
+        print(f"error: {err.for_command_line()}", file=sys.stderr)
+        return EXIT_JOURNAL_IN_USE if isinstance(err, JournalInUse) else EXIT_WRITE_FAILED
     print(
         f"collect: {result.made} calls made, {result.reused} reused, {result.failed} failed; "
         f"{result.cost_usd:.4f} USD ({result.total_cost_usd:.4f} USD in the journal); "

@@ -13,6 +13,7 @@ collect/upstream.py; the whole story: docs/collect.md.
 """
 
 from benchgen_router.collect.formats import Task, calls_row, pool_digest, read_tasks, rewards_row, tally
+from benchgen_router.collect.journal import JournalInUse, JournalWriteFailed
 from benchgen_router.collect.run import STOPPED_AT_COST_CAP, Asker, CollectConfig, CollectResult, collect
 from benchgen_router.collect.upstream import Answer, RetryPolicy
 
@@ -22,6 +23,8 @@ __all__ = [
     "Asker",
     "CollectConfig",
     "CollectResult",
+    "JournalInUse",
+    "JournalWriteFailed",
     "RetryPolicy",
     "Task",
     "calls_row",

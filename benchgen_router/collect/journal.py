@@ -11,16 +11,19 @@ one write the same rows.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
+import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchgen_router.collect.formats import CALL_FIELDS, Task
-from benchgen_router.errors import InputError
+from benchgen_router.errors import InputError, RouterError
 
 logger = logging.getLogger("benchgen_router.collect")
 
@@ -28,6 +31,65 @@ FORMAT = "benchgen-router collect journal"
 VERSION = 1
 
 Cell = tuple[str, str, int]  # (task_id, agent, repetition)
+
+
+class JournalInUse(InputError):
+    """Another collect run holds the journal's lock: this run asked nothing."""
+
+
+class JournalWriteFailed(RouterError):
+    """The journal or an output could not be written (a full disk) after calls were made: the journal
+    keeps every call that finished before, and --resume continues from it."""
+
+
+class JournalLock:
+    """An exclusive lock on a journal, held for a whole run: `<journal>.lock`, locked with flock(). The
+    kernel releases it when the process ends, however it ends, so a crashed run never blocks the next;
+    the file names the holder (pid, host, since when) for the run that is refused. Removed on release."""
+
+    def __init__(self, journal: Path) -> None:
+        self.path = journal.with_name(journal.name + ".lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> JournalLock:
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as err:
+                raise InputError(
+                    f"cannot create lock file {self.path} ({err.strerror}); pass another output path."
+                ) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 512).decode("utf-8", errors="replace").strip()
+                os.close(fd)
+                raise JournalInUse(
+                    f"journal {self.path.with_suffix('')} is in use by another collect run "
+                    f"({holder or 'starting'}); wait for it to end, or pass another output path."
+                ) from None
+            try:  # the file may have been removed by the run that just released it: lock the one in place
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        holder = f"pid {os.getpid()} on {socket.gethostname()} since {since}"
+        with contextlib.suppress(OSError):  # the lock holds without its note (a full disk)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder.encode("utf-8"), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)  # while still locked: a run that opened it now sees another inode and retries
+        os.close(self._fd)
+        self._fd = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +137,14 @@ class Journal:
         except OSError as err:
             raise InputError(f"cannot create journal {path} ({err.strerror}); pass another output path.") from None
         journal = cls(path, fd, header, {})
-        journal._write(header)
+        try:
+            journal._write(header)
+        except OSError as err:  # a full disk: no header-only or torn journal is left to resume from
+            journal.close()
+            path.unlink(missing_ok=True)
+            raise InputError(
+                f"cannot write journal {path} ({err.strerror}); free space or pass another output path."
+            ) from None
         _fsync_folder(path.parent)
         return journal
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchgen_router.collect.formats import Task, calls_row, dump_row, pool_digest, read_tasks, rewards_row
-from benchgen_router.collect.journal import Cell, Entry, Journal
+from benchgen_router.collect.journal import Cell, Entry, Journal, JournalLock, JournalWriteFailed
 from benchgen_router.collect.upstream import Answer, RetryPolicy
 from benchgen_router.errors import InputError, Terminated, raise_terminated, setting_error
 from benchgen_router.files import atomic_output, check_output_path
@@ -206,7 +206,7 @@ class _Spend:
     def __init__(self, calls: Sequence[Mapping[str, Any]]) -> None:
         self.total = 0.0
         self.answered = 0  # calls that did not fail
-        self.priced: dict[str, list[float]] = {}  # per agent, the known costs of its answered calls
+        self.largest: dict[str, float] = {}  # per agent, the largest known cost of its answered calls
         self.heard_from: set[str] = set()  # agents with a finished call
         for call in calls:
             self.add(call)
@@ -218,12 +218,15 @@ class _Spend:
         if call["error"] is None:
             self.answered += 1
             if cost is not None:
-                self.priced.setdefault(call["agent"], []).append(cost)
+                self.largest[call["agent"]] = max(cost, self.largest.get(call["agent"], 0.0))
 
-    def expected(self, agent: str) -> float | None:
-        """The agent's mean cost, else the mean over every agent's calls; None when no cost is known."""
-        costs = self.priced.get(agent) or [cost for known in self.priced.values() for cost in known]
-        return sum(costs) / len(costs) if costs else None
+    def reserve(self, agent: str) -> float | None:
+        """What a call to `agent` is reserved under the cap: the largest cost of its calls so far (a mean
+        would let every call in flight that costs more than it pass the cap together), else the largest
+        of any agent's; None when no cost is known."""
+        if agent in self.largest:
+            return self.largest[agent]
+        return max(self.largest.values()) if self.largest else None
 
 
 class _Asking:
@@ -239,7 +242,18 @@ class _Asking:
     async def one(self, ask: Asker, task: Task, agent: str, repetition: int) -> None:
         upstream = self.pool.upstreams[agent]
         answer = await ask(upstream, task.prompt)
-        call = call_record(upstream, repetition, answer, task, self.config.math_equivalence)
+        record = (upstream, repetition, answer, task, self.config.math_equivalence)
+        try:
+            if task.grader == "math_expression":  # math-verify's time limits (SIGALRM) hold on the main thread only
+                call = call_record(*record)
+            else:  # a long answer is graded beside the loop, which goes on serving the other calls
+                call = await asyncio.to_thread(call_record, *record)
+        except asyncio.CancelledError:  # the run stops: an answered call is journaled all the same
+            self.record(task, agent, repetition, call_record(*record))
+            raise
+        self.record(task, agent, repetition, call)
+
+    def record(self, task: Task, agent: str, repetition: int, call: dict[str, Any]) -> None:
         self.journal.append(task, call)
         self.spend.add(call)
         self.made += 1
@@ -252,12 +266,12 @@ class _Asking:
 
     def over_cap(self, agent: str, in_flight: Sequence[str]) -> bool:
         """Whether launching a call to `agent` could pass the cap: the spend so far plus, for that call
-        and each one in flight, its agent's mean cost so far."""
+        and each one in flight, a reservation (its agent's largest cost so far)."""
         cap = self.config.max_cost_usd
         if cap is None:
             return False
-        expected = [self.spend.expected(name) for name in [*in_flight, agent]]
-        if self.spend.answered and not self.spend.priced and not self._unknown_cost_noted:
+        expected = [self.spend.reserve(name) for name in [*in_flight, agent]]
+        if self.spend.answered and not self.spend.largest and not self._unknown_cost_noted:
             self._unknown_cost_noted = True
             logger.warning("the calls report no cost and the pool has no prices: the cost cap cannot bound them")
         return self.spend.total >= cap or self.spend.total + sum(cost or 0.0 for cost in expected) > cap
@@ -367,6 +381,22 @@ def collect(config: CollectConfig, ask: Asker | None = None) -> CollectResult:
         raise setting_error(f"{{rewards_output}} {rewards} is {{output}} itself; pass another path.")
     for path in (output, rewards):
         check_output_path(path, (config.tasks, config.pool))
+    lock = JournalLock(config.journal_path).acquire()  # a second run on this output asks nothing
+    try:
+        return _collect_locked(config, tasks, pool, pool_version, agents, models, ask)
+    finally:
+        lock.release()
+
+
+def _collect_locked(
+    config: CollectConfig,
+    tasks: Sequence[Task],
+    pool: UpstreamPool,
+    pool_version: str,
+    agents: Sequence[str],
+    models: Sequence[str],
+    ask: Asker | None,
+) -> CollectResult:
     journal = _open_journal(config, pool_version, agents, models)
     try:
         by_id = {task.task_id: task for task in tasks}
@@ -387,6 +417,17 @@ def collect(config: CollectConfig, ask: Asker | None = None) -> CollectResult:
         return _collect(config, tasks, pool, pool_version, journal, pending, reused, len(cells), ask)
     finally:
         journal.close()
+
+
+def _write_failed(path: Any, err: BaseException, made: int) -> JournalWriteFailed:
+    """The one line for a write that failed after calls were made: what failed, and that resuming
+    continues (nothing journaled is asked again)."""
+    why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    template = (
+        f"cannot write {path} ({why}) after {made} calls this run; the journal keeps every finished call: "
+        "free space, then rerun with {resume} to continue without asking them again."
+    )
+    return JournalWriteFailed(template.format(resume="resume=True"), cli=template.format(resume="--resume"))
 
 
 def _collect(
@@ -410,6 +451,10 @@ def _collect(
         try:
             if pending:
                 asyncio.run(_ask_all(asking, pending, ask))
+        except OSError as err:  # the journal could not take a finished call (a full disk)
+            with contextlib.suppress(OSError, InputError):  # the files too, most likely; the journal is what counts
+                write_outputs(config, tasks, pool.agents, pool_version, journal.entries)
+            raise _write_failed(journal.path, err, asking.made) from None
         except (KeyboardInterrupt, Terminated):
             written = write_outputs(config, tasks, pool.agents, pool_version, journal.entries)
             logger.warning(
@@ -419,7 +464,10 @@ def _collect(
             )  # fmt: skip
             raise
     seconds = time.perf_counter() - started
-    written = write_outputs(config, tasks, pool.agents, pool_version, journal.entries)
+    try:
+        written = write_outputs(config, tasks, pool.agents, pool_version, journal.entries)
+    except (OSError, InputError) as err:
+        raise _write_failed(getattr(err, "filename", None) or config.output, err, asking.made) from None
     return CollectResult(
         output=Path(config.output),
         rewards_output=config.rewards_path,
