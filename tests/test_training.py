@@ -9,7 +9,7 @@ import pytest
 from benchgen_router.errors import InputError
 from benchgen_router.evaluation import baselines
 from benchgen_router.head import head_logits
-from benchgen_router.training import fitness, search_head
+from benchgen_router.training import fitness, population_picks, search_head, search_heads
 from helpers import AGENTS
 
 
@@ -81,3 +81,47 @@ def test_settings_the_libraries_would_reject_are_refused_first(settings, message
     embeddings, rewards = clustered(rows=20)
     with pytest.raises(InputError, match=message):
         search_head(embeddings, rewards, generations=settings.pop("generations", 3), **settings)
+
+
+@pytest.mark.parametrize(("agents", "hidden"), [(2, 0), (3, 0), (5, 0), (2, 3), (5, 4)])
+def test_population_picks_are_the_argmax_of_each_heads_logits(agents, hidden):
+    """The one-product picks (logit differences to agent 0 for a linear head) against head_logits'
+    argmax computed one head at a time; exact ties are constructed too (equal columns), where
+    np.argmax takes the first agent."""
+    rng = np.random.default_rng(agents * 10 + hidden)
+    embeddings = rng.normal(size=(200, 7))
+    size = 7 * agents + agents if hidden == 0 else 7 * hidden + hidden + hidden * agents + agents
+    thetas = rng.normal(size=(11, size))
+    if hidden == 0:  # candidate 0: agents 0 and 1 score alike on every row, so each row is a tie
+        weight = thetas[0, : 7 * agents].reshape(7, agents)
+        weight[:, 1] = weight[:, 0]
+        thetas[0, 7 * agents + 1] = thetas[0, 7 * agents]
+    picks = population_picks(thetas, embeddings, agents, hidden)
+    assert picks.shape == (200, 11)
+    for candidate, theta in enumerate(thetas):
+        assert np.array_equal(picks[:, candidate], head_logits(theta, embeddings, agents, hidden)[0].argmax(axis=-1))
+    if hidden == 0:
+        assert not (picks[:, 0] == 1).any()
+
+
+@pytest.mark.parametrize("hidden", [0, 3])
+def test_searches_in_lockstep_are_each_the_single_search(hidden):
+    """search_heads runs several searches through one product per generation; every result (head,
+    reward, history) is exactly what search_head gives for that target and seed alone."""
+    embeddings, rewards = clustered(rows=80, dim=6)
+    targets = [rewards, rewards - 0.3 * np.linspace(0, 1, 5), rewards[:, ::-1].copy()]
+    seeds = [42, 7, 42]
+    together = search_heads(embeddings, targets, seeds, hidden_dim=hidden, generations=12)
+    for target, seed, result in zip(targets, seeds, together, strict=True):
+        alone = search_head(embeddings, target, hidden_dim=hidden, generations=12, seed=seed)
+        assert np.array_equal(result.theta, alone.theta)
+        assert result.train_reward == alone.train_reward and result.history == alone.history
+    assert not np.array_equal(together[0].theta, together[2].theta)
+
+
+def test_lockstep_settings_are_checked_like_the_single_search():
+    embeddings, rewards = clustered(rows=20, dim=4)
+    with pytest.raises(InputError, match="seed must be an integer from 0"):
+        search_heads(embeddings, [rewards, rewards], [1, -1])
+    with pytest.raises(ValueError, match="one seed per target matrix"):
+        search_heads(embeddings, [rewards], [1, 2])

@@ -13,7 +13,14 @@ import numpy as np
 
 from benchgen_router.costs import CostData, cheapest_of_best
 from benchgen_router.errors import InputError
-from benchgen_router.frontier.grid import Searcher, Tradeoff, default_grid, make_searcher, search_settings
+from benchgen_router.frontier.grid import (
+    Searcher,
+    Tradeoff,
+    default_grid,
+    make_searcher,
+    run_searches,
+    search_settings,
+)
 from benchgen_router.frontier.pareto import _TIE, area_under_frontier, cheapest_within, mark_frontier
 from benchgen_router.head import head_picks
 
@@ -212,9 +219,12 @@ def cross_validate_frontier(
                 test = assignment[repeat] == fold
                 train = ~test
                 fixed_train[repeat, test] = best_fixed_agent(data.rewards[train], data.cost_per_1k[train])
+                if searcher is None:  # the package's search: the whole grid in lockstep, one pass over the rows
+                    found = run_searches(embeddings[train], [utilities[t][train] for t in grid], settings)
+                    thetas = {tradeoff: theta for tradeoff, (theta, _) in zip(grid, found, strict=True)}
                 for tradeoff in grid:
                     utility = utilities[tradeoff]
-                    theta = search(embeddings[train], utility[train])
+                    theta = thetas[tradeoff] if searcher is None else search(embeddings[train], utility[train])
                     router[tradeoff][repeat, test] = head_picks(theta, embeddings[test], agents, hidden_dim)
                     for form, vectors in forms.items():
                         in_form[form, tradeoff][repeat, test] = head_picks(theta, vectors[test], agents, hidden_dim)
@@ -358,7 +368,7 @@ def nested_target_cv(
                 inner_repeats,
                 seed + 1000 * (repeat * outer_folds + fold + 1),
                 settings,
-                search,
+                searcher,
                 knn_ks=(),
                 progress=progress,
             )
@@ -457,9 +467,10 @@ def train_heads_over_grid(
     embeddings = np.asarray(embeddings)
     if len(embeddings) != len(data):
         raise InputError(f"{len(embeddings)} embeddings for {len(data)} labelled rows; embed the labelled prompts.")
-    search, _ = make_searcher(search_kwargs)
+    make_searcher(search_kwargs)  # the options checked before any work
+    found = run_searches(embeddings, [tradeoff.utility(data) for tradeoff in grid], search_kwargs)
     heads = []
-    for tradeoff in grid:
+    for tradeoff, (theta, _) in zip(grid, found, strict=True):
         point = None
         if cv is not None:
             try:
@@ -468,6 +479,5 @@ def train_heads_over_grid(
                 raise InputError(
                     f"the CV run has no point for trade-off {tradeoff.name}; run it over the same grid."
                 ) from None
-        theta = search(embeddings, tradeoff.utility(data))
         heads.append(TrainedHead(tradeoff.name, tradeoff.cost_weight, tradeoff.latency_weight, theta, point))
     return heads

@@ -3,7 +3,7 @@ grid, and the search options with their small-data remedies (utility shrinkage, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from benchgen_router.costs import MAX_WEIGHT, CostData, utility_matrix
 from benchgen_router.errors import InputError
-from benchgen_router.training import SearchResult, search_head
+from benchgen_router.training import SearchResult, search_heads
 
 # The release trainer's search (separable CMA-ES, sigma0 0.5, 60 generations, seed 42) unless the caller passes others.
 DEFAULT_SEARCH: dict[str, Any] = {"hidden_dim": 0, "sigma0": 0.5, "generations": 60, "seed": 42}
@@ -144,13 +144,35 @@ def run_search(
     embeddings: np.ndarray, utility: np.ndarray, search_kwargs: dict[str, Any] | None = None, progress: bool = False
 ) -> tuple[np.ndarray, list[SearchResult]]:
     """(theta, the search runs behind it) for one training set: see make_searcher for the options."""
+    return run_searches(embeddings, [utility], search_kwargs, progress)[0]
+
+
+def run_searches(
+    embeddings: np.ndarray,
+    utilities: Sequence[np.ndarray],
+    search_kwargs: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> list[tuple[np.ndarray, list[SearchResult]]]:
+    """run_search for several utility matrices of the same training rows (a grid's trade-offs), with
+    every search, seed ensembles included, run in lockstep (training.search_heads): each result is
+    exactly run_search's for that matrix, and the embeddings are read once per generation for all."""
     kwargs, shrink, seeds = _search_plan(search_kwargs)
-    target = regularised_utility(utility, shrink)
-    if seeds is None:
-        result = search_head(embeddings, target, **kwargs, progress=progress)
-        return result.theta, [result]
-    runs = [search_head(embeddings, target, **{**kwargs, "seed": seed}, progress=progress) for seed in seeds]
-    return np.mean([run.theta for run in runs], axis=0), runs
+    seed_list = seeds if seeds is not None else [kwargs["seed"]]
+    settings = {key: value for key, value in kwargs.items() if key != "seed"}
+    targets = [regularised_utility(utility, shrink) for utility in utilities]
+    runs = search_heads(
+        embeddings,
+        [target for target in targets for _ in seed_list],
+        [seed for _ in targets for seed in seed_list],
+        **settings,
+        progress=progress,
+    )
+    results = []
+    for start in range(0, len(runs), len(seed_list)):
+        mine = runs[start : start + len(seed_list)]
+        theta = mine[0].theta if seeds is None else np.mean([run.theta for run in mine], axis=0)
+        results.append((theta, mine))
+    return results
 
 
 def make_searcher(search_kwargs: dict[str, Any] | None = None) -> tuple[Searcher, int]:

@@ -36,6 +36,10 @@ class TrainResult:
 def train(config: TrainConfig) -> TrainResult:
     """Train the head (one per operating point), its guard and its CV figures; write the run folder
     (and with `export`, the Hub folder). What the command prints comes from the result."""
+    if config.head_kind == "probability":  # a trade-off chosen per request: trainer/probability.py
+        from benchgen_router.trainer.probability import train_probability
+
+        return train_probability(config)
     from benchgen_router.folder import check_output_folder
     from benchgen_router.frontier import check_search_options
 
@@ -67,13 +71,11 @@ def train(config: TrainConfig) -> TrainResult:
     options = search_options(config)
     points = dict(config.operating_points or [])
 
-    # One head per operating point (or the one head), each searched on the training rows.
-    results = {
-        name: point_search(
-            embeddings[~test], data.rewards[~test], point_utility(data.rewards, cost_data, t)[~test], options
-        )
-        for name, t in (points or {None: None}).items()
-    }
+    # One head per operating point (or the one head), each searched on the training rows, all in lockstep.
+    tradeoffs = points or {None: None}
+    utilities = [point_utility(data.rewards, cost_data, tradeoff)[~test] for tradeoff in tradeoffs.values()]
+    found = point_searches(embeddings[~test], data.rewards[~test], utilities, options)
+    results = dict(zip(tradeoffs, found, strict=True))
     timings["search_seconds"] = sum(result.seconds for result in results.values())
     frontier, target, cv = generalisation(config, embeddings, data, cost_data, points, options, plain, timings)
     default = None
@@ -317,16 +319,27 @@ def point_search(embeddings: Any, rewards: Any, utility: Any, options: dict[str,
     """The search of one head (frontier.run_search) as one SearchResult: the reference search's own
     result, bit for bit, when it is a single unregularised run on the rewards; otherwise the final
     (averaged) head with its training reward and the runs' total time."""
+    return point_searches(embeddings, rewards, [utility], options, progress)[0]
+
+
+def point_searches(
+    embeddings: Any, rewards: Any, utilities: list[Any], options: dict[str, Any], progress: bool = False
+) -> list[Any]:
+    """point_search for several utility matrices of the same rows, searched in lockstep
+    (frontier.run_searches): each result is point_search's for that matrix."""
     from dataclasses import replace
 
-    from benchgen_router.frontier import run_search
+    from benchgen_router.frontier.grid import run_searches
     from benchgen_router.training import fitness
 
-    theta, runs = run_search(embeddings, utility, options, progress)
-    if len(runs) == 1 and utility is rewards and not options.get("shrink"):
-        return runs[0]
-    reward = float(fitness(theta[None], embeddings, rewards, options["hidden_dim"])[0])
-    return replace(runs[0], theta=theta, train_reward=reward, seconds=sum(run.seconds for run in runs))
+    results = []
+    for utility, (theta, runs) in zip(utilities, run_searches(embeddings, utilities, options, progress), strict=True):
+        if len(runs) == 1 and utility is rewards and not options.get("shrink"):
+            results.append(runs[0])
+            continue
+        reward = float(fitness(theta[None], embeddings, rewards, options["hidden_dim"])[0])
+        results.append(replace(runs[0], theta=theta, train_reward=reward, seconds=sum(run.seconds for run in runs)))
+    return results
 
 
 def cross_validated_frontier(
