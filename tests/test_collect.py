@@ -477,6 +477,28 @@ def test_a_stalled_upstream_times_out(tmp_path, one_task, stalled_upstream_url):
     assert result.failed == 1 and call["error"] == "timed out (ReadTimeout) (after 2 attempts)"
 
 
+@needs_httpx
+def test_a_hostile_answer_is_graded_beside_the_loop(tmp_path, one_task, monkeypatch):
+    """ "The answer" + 100,000 spaces + "is 42" took 8.6 s on the event loop with a quadratic pattern; now
+    it is graded in a worker thread (math-verify's answers stay on the main thread, for its time limits)."""
+    from benchgen_router.collect import run
+
+    graded_on: list[bool] = []
+    original = run.call_record
+
+    def recording(*args: object) -> dict:
+        graded_on.append(threading.current_thread() is threading.main_thread())
+        return original(*args)
+
+    monkeypatch.setattr(run, "call_record", recording)
+    hostile = {
+        **OK_BODY,
+        "choices": [{**OK_BODY["choices"][0], "message": {"content": "The answer" + " " * 100_000 + "is 42"}}],
+    }
+    _, call = scripted_run(tmp_path, [(200, {}, hostile)])
+    assert call["extracted"] == "42" and graded_on == [False]  # its time: test_graders' linear-time tests
+
+
 def billed_answer(billed: list[float]) -> object:
     """An upstream body that bills usage.cost, as OpenRouter reports it: task 0 (its prompt "What is 0 +
     0?") and tasks 6 on 0.030 USD, tasks 1-5 0.002. Each bill is recorded in `billed`. By task 6 the
