@@ -431,3 +431,14 @@ def test_a_full_disk_after_calls_exits_74_and_resume_continues(tmp_path, small_d
         assert resumed.returncode == 0, resumed.stderr
     assert len(server.requests) - asked == 80 - journaled  # only what the journal lacked was asked again
     assert len((out / "calls.jsonl").read_text().splitlines()) == 20
+
+
+def test_a_disk_full_before_any_call_leaves_no_journal(inputs):
+    """The journal's first line cannot be written: nothing was asked, so exit 2, and no half-made
+    journal is left to demand --resume."""
+    command = [sys.executable, "-m", "benchgen_router", "collect", *map(str, collect_args(inputs)), "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, preexec_fn=limit_file_size(64), timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: cannot write journal ")
+    assert sorted(path.name for path in inputs.iterdir()) == ["pool.json", "tasks.jsonl"]
