@@ -364,8 +364,11 @@ def collect(config: CollectConfig, ask: Asker | None = None) -> CollectResult:
     """Ask every agent of `config.pool` every task of `config.tasks` `repetitions` times (the cells a
     journal already holds are not asked again), then write the calls and rewards files.
 
-    Bad input raises InputError with one line before any call. Ctrl-C and SIGTERM (as Terminated)
-    stop the run: the files are written with the tasks finished so far and the exception goes on."""
+    Bad input raises InputError with one line before any call, and so does another run holding the
+    journal (JournalInUse). A write that fails after calls were made (a full disk) raises
+    JournalWriteFailed: the journal keeps every finished call, and resuming continues. Ctrl-C and
+    SIGTERM (as Terminated) stop the run: the files are written with the tasks finished so far and
+    the exception goes on."""
     check_config(config)
     if ask is None and importlib.util.find_spec("httpx") is None:
         raise InputError(
