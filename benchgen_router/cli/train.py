@@ -88,6 +88,13 @@ def add_backbone_arguments(model: argparse._ArgumentGroup) -> None:
         help="0: linear head (default); H: tanh MLP with H hidden units",
     )
     model.add_argument(
+        "--head-kind",
+        choices=("cmaes", "probability"),
+        default=DEFAULTS["head_kind"],
+        help="cmaes: heads searched by CMA-ES, one per operating point (default); probability: each agent's "
+        "probability of answering correctly, with the trade-off chosen per request (docs/tradeoff.md)",
+    )
+    model.add_argument(
         "--truncation-length",
         type=positive_int,
         default=DEFAULTS["truncation_length"],
@@ -270,5 +277,10 @@ def run(args: argparse.Namespace) -> int:
 
     settings = {item.name: getattr(args, item.name) for item in fields(TrainConfig)}
     result = train(TrainConfig(**{**settings, "card_note": read_card_note(args.card_note)}))
+    if args.head_kind == "probability":
+        from benchgen_router.trainer.probability import probability_summary
+
+        print(probability_summary(result.report))
+        return 0
     print(run_summary(result, args.ensemble_seeds))
     return 0

@@ -37,6 +37,7 @@ class TrainConfig:
     backbone_id: str | None = None  # what the manifest records (default: backbone)
     backbone_revision: str | None = None
     head_hidden_dim: int = 0
+    head_kind: str = "cmaes"  # or "probability": a trade-off chosen per request (trainer/probability.py)
     truncation_length: int = DEFAULT_TRUNCATION_LENGTH
     device: str = "cpu"
     dtype: str = "float32"
@@ -96,6 +97,13 @@ def check_config(config: TrainConfig) -> None:
         raise refuse("{cv_folds} must be 0 (skip) or at least 2.")
     if config.head_hidden_dim < 0 or config.truncation_length < 1:
         raise refuse("{head_hidden_dim} must be >= 0 and {truncation_length} >= 1.")
+    if config.head_kind not in ("cmaes", "probability"):
+        raise refuse(f"{{head_kind}} must be cmaes or probability, got {config.head_kind!r}.")
+    if config.head_kind == "probability" and (config.head_hidden_dim or config.operating_points):
+        raise refuse(
+            "{head_kind=probability} is one linear layer whose trade-off is chosen per request: drop "
+            "{head_hidden_dim} and {operating_points}."
+        )
     check_search_settings(config.sigma0, config.generations, config.seed, config.popsize, config.cma_library)
     if not 0.0 < config.ood_keep_share < 1.0:
         raise refuse(f"{{ood_keep_share}} must lie strictly between 0 and 1, got {config.ood_keep_share}.")

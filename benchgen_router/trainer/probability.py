@@ -95,7 +95,7 @@ def _fit_with_inner_cv(
 @contextmanager
 def one_thread() -> Iterator[None]:
     """torch on one thread while fitting: the steps are small matrix products, which extra threads slow
-    down on a busy machine, and one thread sums in one order, so a seed gives one head everywhere."""
+    down on a busy machine, and one thread keeps the order of sums fixed, so a seed gives one head run after run."""
     import torch
 
     threads = torch.get_num_threads()
@@ -182,7 +182,9 @@ def tradeoff_calibration(probabilities: np.ndarray, costs_per_1k: np.ndarray, ag
     top = 2.0 / gaps.min() if len(gaps) else 1.0
     lambdas = [0.0, *np.geomspace(top * 1e-5, top, LAMBDA_GRID_SIZE - 1).tolist()]
     tensor, cost_tensor = torch.from_numpy(p), torch.from_numpy(costs)
-    spend = [float(costs[decide_rule(tensor, cost_tensor, ("lambda", lam, -1)).numpy()].mean()) for lam in lambdas]
+    with one_thread():  # 200 small argmaxes: extra threads only cost here
+        picks = [decide_rule(tensor, cost_tensor, ("lambda", lam, -1)).numpy() for lam in lambdas]
+    spend = [float(costs[chosen].mean()) for chosen in picks]
     return {"rows": len(p), "margins": margins, "lambdas": lambdas, "cost_per_1k": spend}
 
 
