@@ -7,7 +7,8 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import Sequence
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,11 @@ from benchgen_router.loading import backbone_router, backbone_source, effective_
 from benchgen_router.model_code import RouterModel
 
 logger = logging.getLogger("benchgen_router")
+
+
+# Prompts per kept chunk of an embedding run: at most this much work is lost to an interrupt, and the
+# progress bar moves this many prompts at a time.
+CHUNK_PROMPTS = 256
 
 
 def default_cache_dir() -> Path:
@@ -99,12 +105,17 @@ def embed_prompts(
     cache_dir: Path | None = None,
     progress: bool = False,
     allow_emulated_bf16: bool = False,
+    chunk_prompts: int = CHUNK_PROMPTS,
 ) -> Embeddings:
     """Pooled embeddings of the prompts, computed by RouterModel (the class that serves) around the
     backbone, batched with a progress bar, and cached as a plain .npy (never pickled) so that a
-    re-run or a hyper-parameter sweep does not embed again."""
+    re-run or a hyper-parameter sweep does not embed again. With a cache, the work is kept chunk by
+    chunk (`chunk_prompts` prompts each) in a `<key>.partial` folder beside the cache file until the
+    last chunk is done, so a run stopped by Ctrl-C resumes where it stopped."""
     from benchgen_router.routing import run_router
 
+    if not isinstance(chunk_prompts, int) or isinstance(chunk_prompts, bool) or chunk_prompts < 1:
+        raise ValueError(f"chunk_prompts must be a positive integer, got {chunk_prompts!r}")
     text_config = load_backbone_config(backbone, revision)
     effective = effective_truncation_length(text_config, truncation_length)
     cache_file = None
@@ -142,24 +153,70 @@ def embed_prompts(
     )
     if model.config.truncation_length != effective:
         raise RuntimeError(f"truncation length {model.config.truncation_length} != expected {effective}")
-    _, vectors = run_router(
-        model,
-        tokenizer,
+    partial = None if cache_file is None else cache_file.with_name(f"{cache_file.stem}.partial")
+    vectors = _embed_in_chunks(
+        lambda chunk: run_router(model, tokenizer, chunk, batch_size=batch_size, max_batch_tokens=max_batch_tokens)[1],
         prompts,
-        batch_size=batch_size,
-        max_batch_tokens=max_batch_tokens,
-        progress=progress,
-        desc="embedding",
+        text_config.hidden_size,
+        chunk_prompts,
+        partial,
+        progress,
+        f"backbone '{backbone}' produced NaN or infinite embeddings in {dtype}; use {{dtype=float32}}.",
     )
-    if not np.isfinite(vectors).all():
-        raise setting_error(
-            f"backbone '{backbone}' produced NaN or infinite embeddings in {dtype}; use {{dtype=float32}}."
-        )
-    if cache_file is not None:
+    if cache_file is not None and partial is not None:
         with atomic_output(cache_file, "wb") as handle:
             np.save(handle, vectors, allow_pickle=False)
+        shutil.rmtree(partial, ignore_errors=True)
         logger.info("embeddings cached in %s", cache_file)
     return Embeddings(vectors, effective, cache_file, False)
+
+
+def _embed_in_chunks(
+    embed: Callable[[Sequence[str]], np.ndarray],
+    prompts: Sequence[str],
+    dim: int,
+    chunk_prompts: int,
+    partial: Path | None,
+    progress: bool,
+    non_finite: str,
+) -> np.ndarray:
+    """The prompts embedded `chunk_prompts` at a time, in fixed chunks (so an interrupted run and an
+    uninterrupted one batch every prompt alike). With a `partial` folder, each finished chunk is
+    written there atomically as it completes, and chunks found there are read instead of embedded: a
+    run stopped by Ctrl-C loses at most the chunk in progress, and the next run resumes."""
+    from tqdm.auto import tqdm
+
+    from benchgen_router.routing import EmptyQueryError
+
+    vectors = np.zeros((len(prompts), dim), dtype=np.float32)
+    pending = []
+    for start in range(0, len(prompts), chunk_prompts):
+        end = min(start + chunk_prompts, len(prompts))
+        path = None if partial is None else partial / f"{start:09d}-{end:09d}.npy"
+        done = None if path is None else _read_cache(path, end - start, dim)
+        if done is None:
+            pending.append((start, end, path))
+        else:
+            vectors[start:end] = done
+    resumed = len(prompts) - sum(end - start for start, end, _ in pending)
+    if resumed:
+        logger.info("resuming: %d of %d prompts already embedded in %s", resumed, len(prompts), partial)
+    if partial is not None and pending:
+        partial.mkdir(exist_ok=True)
+    with tqdm(total=len(prompts), initial=resumed, desc="embedding", unit="q", disable=not progress) as bar:
+        for start, end, path in pending:
+            try:
+                chunk = np.asarray(embed(prompts[start:end]), dtype=np.float32)
+            except EmptyQueryError as err:  # positions in the whole list, not in the chunk
+                raise EmptyQueryError([start + position for position in err.positions]) from None
+            if not np.isfinite(chunk).all():
+                raise setting_error(non_finite)
+            if path is not None:
+                with atomic_output(path, "wb") as handle:
+                    np.save(handle, chunk, allow_pickle=False)
+            vectors[start:end] = chunk
+            bar.update(end - start)
+    return vectors
 
 
 def _read_cache(path: Path, rows: int, dim: int) -> np.ndarray | None:
