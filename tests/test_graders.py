@@ -270,6 +270,18 @@ def test_pilot_verdicts_are_reproduced(pilot_calls) -> None:
 
 
 @needs_pilot
+def test_no_pilot_answer_reads_as_a_hedge(pilot_calls) -> None:
+    """Hedges are graded wrong, and none of the pilot's option or number answers is one: each reads as a
+    single letter or number (for math, the verdict tests above pin that no verdict changed)."""
+    for call in pilot_calls:
+        read = call.ours.extracted
+        if call.grader == "mcq_letter":
+            assert read is None or len(read) == 1, (call.task_id, read)
+        elif call.grader == "numeric_match":
+            assert read is None or graders.NUMBER.fullmatch(read), (call.task_id, read)
+
+
+@needs_pilot
 def test_the_pilots_string_rule_reproduces_every_recorded_verdict() -> None:
     """For extending a matrix graded by the pilot's rule, math_equivalence="string" grades like it."""
     calls = regrade(PILOT, math_equivalence="string")
