@@ -155,3 +155,18 @@ def push_folder(folder: Path, repo_id: str) -> str:
         ) from None
     logger.info("pushed %s to %s", folder, repo_id)
     return str(commit)
+
+
+def save_recalibrated(model: Any, tokenizer: Any, source: str | None, folder: Path) -> Path:
+    """A router whose probability head was recalibrated on new traffic (routing.recalibrate), written as
+    a complete folder: its card and training report are the source folder's when it has them."""
+    from benchgen_router.report import read_report
+
+    source_dir = Path(source) if source and Path(source).is_dir() else None
+    card_file = source_dir / "README.md" if source_dir else None
+    card = card_file.read_text(encoding="utf-8") if card_file and card_file.is_file() else "# BenchGen router\n"
+    report_file = source_dir / REPORT_FILE if source_dir else None
+    report = read_report(report_file) if report_file and report_file.is_file() else TrainingReport()
+    calibration = model.config.tradeoff_calibration
+    report.extra["recalibrated_on_rows"] = calibration["rows"] if calibration else None
+    return write_router_folder(Path(folder), model, tokenizer, card, report)

@@ -9,7 +9,9 @@ Each result: {"picked_agent": agent id, "agent_index": its position in the pool,
 A router with an out-of-distribution guard adds "out_of_distribution" (bool) and "ood_score"
 (float); a flagged query's "picked_agent" / "agent_index" are the fallback agent, and "head_pick"
 keeps the head's own choice. The decision is the model's (RouterOutput.picks); every path formats it
-with results_for().
+with results_for(). A probability head (docs/tradeoff.md) takes a `tradeoff` per call or per query
+("budget=0.3"); its "probabilities" are each agent's own probability of answering correctly (the
+sigmoid of its logit, not a softmax), and its results name the "tradeoff" they were decided under.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class Routed:
     ood_scores: np.ndarray | None
     out_of_distribution: np.ndarray | None
     operating_points: list[str | None]
+    tradeoffs: list[str | None] | None = None
 
 
 def route_queries(
@@ -130,6 +133,7 @@ def route_queries(
     progress: bool = False,
     desc: str = "routing",
     operating_points: str | Sequence[str | None] | None = None,
+    tradeoffs: str | Sequence[str | None] | None = None,
 ) -> Routed:
     """Route texts: each canonicalised as the router's config says (config.query_format), tokenized,
     and scored by the model in batches; its outputs are gathered, never recomputed.
@@ -139,8 +143,9 @@ def route_queries(
     up to max_batch_tokens positions (hardware.default_batch_tokens() when None). Other backbones
     run in length-sorted padded batches of at most `batch_size` queries (16 when None) and
     max_batch_tokens positions. `operating_points`: one name for all, one per text, or None (the
-    router's default); queries at different points share a batch. Raises EmptyQueryError, before
-    the model runs, for queries that tokenize to nothing, and ValueError for an unknown point.
+    router's default); queries at different points share a batch. `tradeoffs`: a probability head's
+    rule(s), the same way (None: the config's default). Raises EmptyQueryError, before the model runs,
+    for queries that tokenize to nothing, and ValueError for an unknown point or a bad trade-off.
     """
     import torch
     from tqdm.auto import tqdm
@@ -154,6 +159,9 @@ def route_queries(
             raise ValueError(f"{len(points)} operating points for {len(texts)} queries; give one per query.")
     resolved = {point: model.config.check_operating_point(point) for point in dict.fromkeys(points)}
     points = [resolved[point] for point in points]
+    rules = per_query(tradeoffs, len(texts), "tradeoffs")
+    for rule in dict.fromkeys(rules):  # a bad spelling is reported before any work
+        tradeoff_of(model, rule)
     count = len(texts)
     logits = np.zeros((count, len(model.config.id2label)), dtype=np.float32)
     embeddings = np.zeros((count, model.config.embedding_dim), dtype=np.float32)
@@ -162,7 +170,7 @@ def route_queries(
     scores = np.zeros(count, dtype=np.float32) if guarded else None
     flags = np.zeros(count, dtype=bool) if guarded else None
     if not count:  # e.g. a bulk batch with nothing routable left: tokenizers refuse an empty list
-        return Routed(logits, embeddings, picks, scores, flags, points)
+        return Routed(logits, embeddings, picks, scores, flags, points, rules)
     canonical = [model.config.canonical_query(text) for text in texts]
     encoded = tokenizer(canonical, truncation=True, max_length=model.config.truncation_length)
     lengths = [len(ids) for ids in encoded["input_ids"]]
@@ -174,11 +182,11 @@ def route_queries(
     packing = sys.modules[type(model).__module__]
     with torch.inference_mode(), tqdm(total=count, desc=desc, unit="q", disable=not progress) as bar:
         for rows in plan_batches(lengths, model.packs_queries, batch_size, budget, packing):
-            batch_points = [points[i] for i in rows]
+            batch_points, batch_rules = [points[i] for i in rows], [rules[i] for i in rows]
             point = batch_points[0] if len(set(batch_points)) == 1 else batch_points
-            output = model(
-                **right_padded(encoded, rows, tokenizer.pad_token_id or 0, weight.device), operating_point=point
-            )
+            rule = batch_rules[0] if len(set(batch_rules)) == 1 else batch_rules
+            inputs = right_padded(encoded, rows, tokenizer.pad_token_id or 0, weight.device)
+            output = model(**inputs, operating_point=point, **({"tradeoff": rule} if rule is not None else {}))
             logits[rows] = output.logits.float().cpu().numpy()
             embeddings[rows] = output.embeddings.float().cpu().numpy()
             picks[rows] = output.picks.cpu().numpy()
@@ -186,7 +194,17 @@ def route_queries(
                 scores[rows] = output.ood_scores.float().cpu().numpy()
                 flags[rows] = output.out_of_distribution.cpu().numpy()
             bar.update(len(rows))
-    return Routed(logits, embeddings, picks, scores, flags, points)
+    return Routed(logits, embeddings, picks, scores, flags, points, rules)
+
+
+def per_query(value: str | Sequence[str | None] | None, count: int, what: str) -> list[str | None]:
+    """One value for each of `count` queries: a single value (or None) repeated, or a list of `count`."""
+    if value is None or isinstance(value, str):
+        return [value] * count
+    values = list(value)
+    if len(values) != count:
+        raise ValueError(f"{len(values)} {what} for {count} queries; give one per query.")
+    return values
 
 
 EMPTY_QUERY = "tokenizes to nothing (only zero-width or control characters)"
@@ -200,20 +218,27 @@ def route_results(
     max_batch_tokens: int | None = None,
     progress: bool = False,
     operating_points: str | Sequence[str | None] | None = None,
+    tradeoffs: str | Sequence[str | None] | None = None,
 ) -> list[dict[str, Any] | None]:
     """results_for() of each text, None for one that tokenizes to nothing (EMPTY_QUERY): the one query ->
     result routine of the command line, bulk routing and the service, so that a query no router can
-    score never fails the others. Arguments as route_queries'."""
+    score never fails the others. Arguments as route_queries'; `tradeoffs` (one or one per text) is a
+    probability head's rule, e.g. "budget=0.3" (docs/tradeoff.md), ValueError naming the forms if bad."""
     route = partial(route_queries, model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
     try:
-        return results_for(model, route(texts, progress=progress, operating_points=operating_points))
+        return results_for(
+            model, route(texts, progress=progress, operating_points=operating_points, tradeoffs=tradeoffs)
+        )
     except EmptyQueryError as err:
         empty = set(err.positions)  # every such query, found by one tokenization before the model ran
     keep = [i for i in range(len(texts)) if i not in empty]
     if operating_points is not None and not isinstance(operating_points, str):
         operating_points = [operating_points[i] for i in keep]
+    if tradeoffs is not None and not isinstance(tradeoffs, str):
+        tradeoffs = [tradeoffs[i] for i in keep]
+    kept = [texts[i] for i in keep]
     results = iter(
-        results_for(model, route([texts[i] for i in keep], progress=progress, operating_points=operating_points))
+        results_for(model, route(kept, progress=progress, operating_points=operating_points, tradeoffs=tradeoffs))
     )
     return [None if i in empty else next(results) for i in range(len(texts))]
 
@@ -268,6 +293,39 @@ def operating_point_of(model: Any, operating_point: str | None) -> str | None:
         raise InputError(str(err)) from None
 
 
+def tradeoff_of(model: Any, tradeoff: str | None) -> str | None:
+    """`tradeoff` if this router can decide under it, else InputError (one line naming the valid forms,
+    or saying that a CMA-ES head has operating points instead). The check the service and gateway call
+    at their edge; the model parses the same way (RouterConfig.tradeoff_rule)."""
+    if tradeoff is None:  # the router's default decision, whatever its head
+        return None
+    try:
+        model.config.tradeoff_rule(tradeoff)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    return tradeoff
+
+
+def recalibrate(
+    model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int | None = None, progress: bool = False
+) -> dict[str, Any]:
+    """Recalibrate a probability head's budget rules on a sample of your own traffic: sets and returns
+    `model.config.tradeoff_calibration` (save it with model.save_pretrained). Budgets then hold on
+    traffic like `texts` rather than on the training sample."""
+    from benchgen_router.trainer.probability import tradeoff_calibration
+
+    if getattr(model.config, "head_kind", "cmaes") != "probability":
+        raise InputError("only a probability head (head_kind 'probability') has budget rules to recalibrate.")
+    usable = [text for text in texts if text.strip()]
+    if len(usable) < 2:
+        raise InputError(f"recalibrating needs a sample of at least 2 non-empty queries, got {len(usable)}.")
+    routed = route_queries(model, tokenizer, usable, batch_size, progress=progress, desc="calibrating")
+    probabilities = 1.0 / (1.0 + np.exp(-routed.logits.astype(np.float64)))
+    costs = np.asarray(model.config.costs_per_1k)
+    model.config.tradeoff_calibration = tradeoff_calibration(probabilities, costs, model.config.agent_order)
+    return model.config.tradeoff_calibration
+
+
 def results_for(model: Any, routed: Routed) -> list[dict[str, Any]]:
     """The result dicts of routed queries: the model's decision formatted, nothing recomputed.
 
@@ -276,8 +334,16 @@ def results_for(model: Any, routed: Routed) -> list[dict[str, Any]]:
     and "ood_score", and for a flagged query "head_pick", the head's own choice."""
     agents = model.config.agent_order
     results = results_from_logits(routed.logits, agents)
+    probability_head = getattr(model.config, "head_kind", "cmaes") == "probability"
+    if probability_head:
+        from benchgen_router.model_code import DEFAULT_TRADEOFF
+
+        sigmoid = 1.0 / (1.0 + np.exp(-routed.logits.astype(np.float64)))
     for row, result in enumerate(results):
         pick = int(routed.picks[row])
+        if probability_head:
+            result["probabilities"] = {agent: float(p) for agent, p in zip(agents, sigmoid[row], strict=True)}
+            result["tradeoff"] = (routed.tradeoffs[row] if routed.tradeoffs else None) or DEFAULT_TRADEOFF
         if routed.operating_points[row] is not None:
             result["operating_point"] = routed.operating_points[row]
         if routed.ood_scores is not None:
@@ -383,6 +449,7 @@ def pick_agent(
     backbone: str | None = None,
     revision: str | None = None,
     operating_point: str | None = None,
+    tradeoff: str | None = None,
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """Pick the agent that should answer a query (a dict) or each query of a list (a list of dicts,
     same order), the original release's `pick_agent`. A list is routed in batches as run_router
@@ -392,7 +459,9 @@ def pick_agent(
     router. `device` defaults to a GPU when there is one; `dtype` to the router's own (float32 for
     converted releases, the reference's picks); `dtype="bfloat16"` is the fast path on GPUs and on
     CPUs with AMX or avx512_bf16. `operating_point` chooses the head of a router trained at several
-    quality/cost/latency trade-offs (its card lists them; None: the router's default).
+    quality/cost/latency trade-offs (its card lists them; None: the router's default). `tradeoff`
+    is a probability head's rule for these queries, e.g. "budget=0.3" or "tolerance=0.02"
+    (docs/tradeoff.md; a CMA-ES head refuses it).
 
     Raises TypeError for anything but a str or a sequence of str, ValueError for an empty query
     (blank, or tokenizing to nothing: EmptyQueryError names the positions), and InputError (a
@@ -408,8 +477,16 @@ def pick_agent(
         return []
     router, tokenizer = get_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision)
     operating_point_of(router, operating_point)  # a wrong name is reported before any routing
+    tradeoff_of(router, tradeoff)
     routed = route_queries(
-        router, tokenizer, queries, batch_size, max_batch_tokens, progress, operating_points=operating_point
+        router,
+        tokenizer,
+        queries,
+        batch_size,
+        max_batch_tokens,
+        progress,
+        operating_points=operating_point,
+        tradeoffs=tradeoff,
     )
     results = results_for(router, routed)
     return results[0] if single else results

@@ -88,6 +88,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="for a router trained at several quality/cost/latency trade-offs: the head to route with "
         "(names on its card; default: the router's own default)",
     )
+    add(
+        "--tradeoff",
+        metavar="RULE",
+        help="for a probability head: the rule that picks, tolerance=T, lambda=L, budget=X[@AGENT] or "
+        "usd-per-1k=Y (docs/tradeoff.md; default: the most likely agent)",
+    )
+    add(
+        "--calibrate-on",
+        metavar="FILE",
+        help="for a probability head: recalibrate the budget rules on this sample of your traffic (one query a "
+        "line) before routing",
+    )
+    add("--save-calibrated", metavar="DIR", help="with --calibrate-on: also save the recalibrated router here")
     add("--json", action="store_true", help="print JSON lines with the scores, not bare agent ids")
     add("--quiet", "-q", action="store_true", help="no progress bar and no summary")
 
@@ -99,6 +112,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("give a query to route, or --input FILE")
     if args.engine == "ray" and not (args.input and args.output):
         parser.error("--engine ray routes files: give --input and --output")
+    if args.engine == "ray" and (args.tradeoff or args.calibrate_on):
+        parser.error("--tradeoff and --calibrate-on route with --engine local")
+    if args.save_calibrated and not args.calibrate_on:
+        parser.error("--save-calibrated needs --calibrate-on FILE")
 
 
 def log_summary(counts: Counter, routed: int, agents: Sequence[str], skipped: int, seconds: float) -> None:
@@ -131,7 +148,13 @@ def route_chunk(router: Any, tokenizer: Any, queries: list[Any], args: argparse.
 
     texts = [query.text for query in queries]
     results = route_results(
-        router, tokenizer, texts, args.batch_size, args.max_batch_tokens, operating_points=args.operating_point
+        router,
+        tokenizer,
+        texts,
+        args.batch_size,
+        args.max_batch_tokens,
+        operating_points=args.operating_point,
+        tradeoffs=args.tradeoff,
     )
     records, skipped = [], []
     for query, result in zip(queries, results, strict=True):
@@ -169,6 +192,7 @@ def route_command_line(args: argparse.Namespace) -> int:
         args.batch_size,
         args.max_batch_tokens,
         operating_points=args.operating_point,
+        tradeoffs=args.tradeoff,
     )
     empty = [str(query.line) for query, result in zip(queries, results, strict=True) if result is None]
     if empty:
@@ -180,7 +204,7 @@ def route_command_line(args: argparse.Namespace) -> int:
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
     from benchgen_router.hardware import resolve_device, set_threads
     from benchgen_router.loading import load_router
-    from benchgen_router.routing import operating_point_of
+    from benchgen_router.routing import operating_point_of, recalibrate, tradeoff_of
 
     set_threads(args.threads)
     router, tokenizer = load_router(
@@ -192,7 +216,25 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
         allow_emulated_bf16=args.allow_emulated_bf16,
     )
     operating_point_of(router, args.operating_point)  # a wrong name is reported before any input is read
+    if args.calibrate_on:
+        recalibrate(router, tokenizer, read_sample(args.calibrate_on), args.batch_size, progress=not args.quiet)
+        if args.save_calibrated:
+            from benchgen_router.folder import save_recalibrated
+
+            save_recalibrated(router, tokenizer, args.model, args.save_calibrated)
+    tradeoff_of(router, args.tradeoff)
     return router, tokenizer
+
+
+def read_sample(path: str) -> list[str]:
+    """The queries of a calibration sample: one a line (blank lines skipped)."""
+    from benchgen_router.errors import InputError
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return [line.rstrip("\n") for line in handle if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read the calibration sample {path}: {err}") from None
 
 
 def route_file(args: argparse.Namespace) -> int:
