@@ -293,6 +293,27 @@ def test_grid_parsing_and_bad_input():
         fr.cross_validate_frontier(embeddings, data, [], folds=2, repeats=1)
 
 
+def test_frontier_gap_places_the_cv_router_line_between_the_cheapest_and_the_best_agent():
+    embeddings, data = synthetic()
+    result = fr.cross_validate_frontier(
+        embeddings, data, [fr.Tradeoff(0.0), fr.Tradeoff(2.0)], folds=2, repeats=1, search_kwargs=FAST, knn_ks=(1,)
+    )
+    gap = fr.frontier_gap(result, data.rewards, data.cost_per_1k)
+    pool = gap["pool"]
+    # 'wrong' is the cheapest (reward 0.25), 'cheap' the best (1.0, cheaper than 'pricey')
+    assert (pool["cheapest"], pool["best"]) == ("wrong", "cheap")
+    low, high = data.cost_per_1k[0, 2], data.cost_per_1k[0, 1]
+    routers = result.of_kind("router")
+    xs = sorted([0.0, 1.0] + [(p.cost_per_1k - low) / (high - low) for p in routers])
+    inside = [x for x in xs if 0 <= x <= 1]
+    assert list(gap["curves"][0].cost[(gap["curves"][0].cost >= 0) & (gap["curves"][0].cost <= 1)]) == pytest.approx(
+        inside
+    )
+    # the oracle sends the half-right rows' wrong answers to 'cheap': it recovers the gap at once
+    assert pool["policies"]["oracle"]["apgr"] > pool["policies"]["random"]["apgr"] == pytest.approx(0.5)
+    assert pool["policies"]["oracle"]["cost_to_recover_80"] < high
+
+
 def test_table_dict_and_plots(tmp_path):
     embeddings, data = synthetic(rows=20)
     grid = [fr.Tradeoff(), fr.Tradeoff(1.0, 0.0), fr.Tradeoff(0.0, 0.05)]
@@ -398,6 +419,11 @@ def test_analysis_command_end_to_end(backbone_dir, tmp_path, capsys):
     stored = json.loads((tmp_path / "f.json").read_text())
     assert stored["rows"] == 12 and stored["target"]["eps"] == 0.5
     assert (tmp_path / "f-cost.png").stat().st_size > 0 and (tmp_path / "f-latency.png").stat().st_size > 0
+    assert (tmp_path / "f-gap.png").read_bytes()[:4] == b"\x89PNG"
+    gap = stored["routing_gap"]["pool"]
+    assert set(gap["policies"]) == {"router (CV)", "kNN k=1 (CV)", "random", "oracle"}
+    assert gap["policies"]["random"]["apgr"] == pytest.approx(0.5)
+    assert "quality against cost, gap from the cheapest agent" in out
 
     lines = calls.read_text().splitlines()
     calls.write_text("\n".join(lines[:-1]) + "\n")

@@ -4,7 +4,9 @@
     benchgen-router frontier ... --grid 0,0.5,1 --target-eps 0.01 --json frontier.json --plots frontier
 
 Repeated k-fold CV of cost-aware routers over a trade-off grid, with the baselines on the same folds,
-the non-dominated frontier, plots and, with --target-eps, nested-CV target mode. Embeds the prompts
+the non-dominated frontier, the quality-cost gap figures (the area of each router line between the
+cheapest and the best agent, and the cost that recovers 50% and 80% of the gap, beside random and the
+oracle; for two agents RouteLLM's APGR and CPT), plots and, with --target-eps, nested-CV target mode. Embeds the prompts
 with the default router's backbone unless --backbone names another.
 """
 
@@ -27,10 +29,11 @@ from benchgen_router.frontier.cv import (
     cross_validate_frontier,
     nested_target_cv,
 )
+from benchgen_router.frontier.gap import frontier_gap
 from benchgen_router.frontier.grid import DEFAULT_SEARCH, parse_grid
 from benchgen_router.frontier.pareto import headline
-from benchgen_router.frontier.plots import plot_frontier
-from benchgen_router.frontier.report import format_frontier, frontier_to_dict
+from benchgen_router.frontier.plots import plot_frontier, plot_gap_curves
+from benchgen_router.frontier.report import format_frontier, format_gap, frontier_to_dict
 
 HELP = "the cost-aware CV frontier of a pool, with baselines and plots"
 
@@ -95,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_frontier(result, knn_ks=args.knn))
     print(json.dumps(headline(result), indent=1))
+    gap = frontier_gap(result, costs.rewards, costs.cost_per_1k)
+    print(format_gap(gap))
     stored = frontier_to_dict(result)
+    stored["routing_gap"] = {"pool": gap["pool"]}
     if args.target_eps is not None:
         target = nested_target_cv(
             embeddings,
@@ -139,4 +145,7 @@ def run(args: argparse.Namespace) -> int:
             knn_k=args.plot_knn,
             target=box,
         )
+        if "curves" in gap:
+            panel = ("held-out routers, in-sample oracle", gap["curves"], gap["gap"])
+            plot_gap_curves([panel], f"{args.plots}-gap.png")
     return 0

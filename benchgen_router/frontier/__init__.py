@@ -5,6 +5,7 @@ under-frontier summary, plots, and the choice of an operating point by nested cr
     grid     the trade-offs and the search each router point runs
     cv       policies scored on held-out rows: the statistics below, baselines, nested CV, in-sample
     pareto   dominance, the frontier, its area and the headline
+    gap      the share of the quality gap recovered per cost: RouteLLM's APGR and CPT, and any pool's
     report   the table and the JSON
     plots    the PNGs
     python -m benchgen_router.frontier   the analysis as a command
@@ -50,6 +51,16 @@ from benchgen_router.frontier.cv import (
     select_tradeoff,
     train_heads_over_grid,
 )
+from benchgen_router.frontier.gap import (
+    GapCurve,
+    GapFigures,
+    PoolGap,
+    frontier_gap,
+    oracle_curve,
+    score_curve,
+    threshold_sweep,
+    two_agent_gap,
+)
 from benchgen_router.frontier.grid import (
     DEFAULT_COST_WEIGHTS,
     DEFAULT_LATENCY_WEIGHTS,
@@ -79,10 +90,13 @@ from benchgen_router.frontier.pareto import (
 )
 from benchgen_router.frontier.plots import (
     plot_frontier,
+    plot_gap_curves,
+    plot_gap_panels,
     plot_policies,
 )
 from benchgen_router.frontier.report import (
     format_frontier,
+    format_gap,
     frontier_from_dict,
     frontier_to_dict,
 )
@@ -100,6 +114,9 @@ __all__ = [
     "IN_SAMPLE_SEARCH",
     "CVPoint",
     "FrontierResult",
+    "GapCurve",
+    "GapFigures",
+    "PoolGap",
     "Searcher",
     "TargetResult",
     "Tradeoff",
@@ -114,7 +131,9 @@ __all__ = [
     "evaluate_policies",
     "fold_assignments",
     "format_frontier",
+    "format_gap",
     "frontier_from_dict",
+    "frontier_gap",
     "frontier_to_dict",
     "frontier_value",
     "headline",
@@ -124,13 +143,19 @@ __all__ = [
     "mark_frontier",
     "nested_target_cv",
     "non_dominated",
+    "oracle_curve",
     "parse_grid",
     "plot_frontier",
+    "plot_gap_curves",
+    "plot_gap_panels",
     "plot_policies",
     "reachable_frontier",
     "regularised_utility",
     "run_search",
+    "score_curve",
     "search_settings",
     "select_tradeoff",
+    "threshold_sweep",
     "train_heads_over_grid",
+    "two_agent_gap",
 ]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -195,7 +196,8 @@ class PoolGap:
     def normalise(self, cost: np.ndarray | float) -> np.ndarray:
         return (np.asarray(cost, float) - self.cheapest_cost) / (self.best_cost - self.cheapest_cost)
 
-    def in_cost_unit(self, normalised: float) -> float:
+    def in_cost_unit(self, normalised: Any) -> Any:
+        """Normalised cost(s) back in the cost's own unit per query."""
         return self.cheapest_cost + normalised * (self.best_cost - self.cheapest_cost)
 
     def curve_of_picks(
@@ -204,11 +206,32 @@ class PoolGap:
         """The curve of a router's operating points (one picks vector each) on these rows; `endpoints`
         adds always-cheapest and always-best, which any router reaches at its extreme settings."""
         rows = np.arange(len(rewards))
-        points = [(float(cost[rows, p].mean()), float(rewards[rows, p].mean())) for p in picks]
+        costs = [float(cost[rows, p].mean()) for p in picks]
+        return self.curve_of_points(name, costs, [float(rewards[rows, p].mean()) for p in picks], endpoints)
+
+    def curve_of_points(
+        self, name: str, costs: Sequence[float], qualities: Sequence[float], endpoints: bool = True
+    ) -> GapCurve:
+        """The curve of operating points given as mean cost per query (in the gap's unit) and mean quality."""
+        costs, qualities = list(costs), list(qualities)
         if endpoints:
-            points += [(self.cheapest_cost, self.cheapest_quality), (self.best_cost, self.best_quality)]
-        costs, qualities = _by_cost(np.array([c for c, _ in points]), np.array([q for _, q in points]))
-        return GapCurve(name, self.normalise(costs), qualities)
+            costs += [self.cheapest_cost, self.best_cost]
+            qualities += [self.cheapest_quality, self.best_quality]
+        ordered_costs, ordered_qualities = _by_cost(np.asarray(costs, float), np.asarray(qualities, float))
+        return GapCurve(name, self.normalise(ordered_costs), ordered_qualities)
+
+    def record(self, curves: Sequence[GapCurve]) -> dict[str, object]:
+        """The gap and each curve's figures as plain JSON types (what evaluate and frontier store)."""
+        return {
+            "cheapest": self.agents[self.cheapest],
+            "best": self.agents[self.best],
+            "cheapest_quality": self.cheapest_quality,
+            "best_quality": self.best_quality,
+            "cheapest_cost": self.cheapest_cost,
+            "best_cost": self.best_cost,
+            "cost_unit": self.cost_unit,
+            "policies": {curve.name: self.figures(curve).to_dict() for curve in curves},
+        }
 
     def random(self) -> GapCurve:
         """Mixing the cheapest and the best agent at random (the expectation: a straight line)."""
@@ -284,3 +307,22 @@ def score_curve(name: str, scores: np.ndarray, rewards: np.ndarray, strong: int,
     """A two-agent router's RouteLLM curve from its per-query scores for the strong agent (column `strong`)."""
     shares, accuracies = threshold_sweep(scores, rewards[:, strong], rewards[:, 1 - strong], num_results)
     return GapCurve(name, shares, accuracies)
+
+
+def frontier_gap(result: Any, rewards: np.ndarray, cost_per_1k: np.ndarray) -> dict[str, Any]:
+    """A cross-validated frontier's gap figures: its router points and each kNN line as curves between
+    the cheapest and the best agent (cost in USD per 1,000 queries), random and the in-sample oracle.
+    {"pool": PoolGap.record} with `curves` and `gap` for plotting, or {"pool": {"note": ...}}."""
+    try:
+        priced = PoolGap.of(rewards, cost_per_1k, result.agents, cost_unit="USD per 1,000 queries")
+    except InputError as err:
+        return {"pool": {"note": str(err)}}
+    lines: dict[str, list[Any]] = {"router (CV)": result.of_kind("router")}
+    for point in result.of_kind("knn"):
+        lines.setdefault(f"kNN k={point.name[3:].split()[0]} (CV)", []).append(point)
+    curves = [
+        priced.curve_of_points(name, [p.cost_per_1k for p in points], [p.reward for p in points])
+        for name, points in lines.items()
+    ]
+    curves += [priced.random(), oracle_curve(priced, rewards, cost_per_1k)]
+    return {"pool": priced.record(curves), "curves": curves, "gap": priced}

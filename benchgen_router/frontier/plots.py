@@ -207,6 +207,14 @@ def _save_plot(fig: Any, ax: Any, png: str | Path, xlabel: str, ylabel: str, tit
 GapLine = tuple[str, Any, Any]  # (label, x values, y values)
 
 
+def plot_gap_curves(panels: Sequence[tuple[str, Sequence[Any], Any]], png: str | Path, title: str = "") -> None:
+    """evaluate's gap panels, (title, [GapCurve], its PoolGap): mean quality against cost in the gap's
+    own unit (two agents: the share of calls to the better agent), the router beside random and the oracle."""
+    drawn = [(name, [(c.name, gap.in_cost_unit(c.cost), c.quality) for c in curves]) for name, curves, gap in panels]
+    unit = " / ".join(gap.cost_unit for _, _, gap in panels)
+    plot_gap_panels(drawn, png, f"mean cost ({unit})", "mean reward", title)
+
+
 def plot_gap_panels(
     panels: Sequence[tuple[str, Sequence[GapLine]]], png: str | Path, xlabel: str, ylabel: str, title: str = ""
 ) -> None:

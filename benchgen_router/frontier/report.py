@@ -109,3 +109,43 @@ def frontier_from_dict(stored: dict[str, Any]) -> FrontierResult:
         )
     except (KeyError, TypeError) as err:
         raise InputError(f"stored frontier is incomplete ({err}); pass what frontier_to_dict wrote.") from None
+
+
+def format_gap(record: dict[str, Any]) -> str:
+    """The gap-recovered figures (frontier.gap records, as evaluate and frontier store them) as text:
+    for two agents RouteLLM's APGR and CPT, for a priced pool the quality-cost area and the cost to
+    recover 50% and 80% of the gap between the cheapest and the best agent."""
+    lines = []
+    two = record.get("two_agents")
+    if two is not None:
+        if "note" in two:
+            lines.append(f"RouteLLM's APGR and CPT: none ({two['note']})")
+        else:
+            lines.append(
+                f"RouteLLM's metrics (strong {two['best']} {two['best_quality']:.4f}, weak {two['cheapest']} "
+                f"{two['cheapest_quality']:.4f}; cost: share of calls to the strong agent; the router's logit "
+                f"margin swept at {two['num_results']}-bin thresholds as routellm/evals does)"
+            )
+            for name, figures in two["policies"].items():
+                lines.append(
+                    f"  {name:<8} APGR {figures['apgr']:.3f}  CPT(50%) {100 * figures['cpt_50']:5.1f}%  "
+                    f"CPT(80%) {100 * figures['cpt_80']:5.1f}%"
+                )
+    pool = record.get("pool")
+    if pool is not None:
+        if "note" in pool:
+            lines.append(f"quality-cost gap: none ({pool['note']})")
+        else:
+            unit = pool["cost_unit"]
+            lines.append(
+                f"quality against cost, gap from the cheapest agent ({pool['cheapest']}: {pool['cheapest_quality']:.4f}"
+                f" at {pool['cheapest_cost']:.4f}) to the best ({pool['best']}: {pool['best_quality']:.4f} at "
+                f"{pool['best_cost']:.4f}), cost in {unit}; area: the gap recovered, averaged over that cost range"
+            )
+            for name, figures in pool["policies"].items():
+                lines.append(
+                    f"  {name:<8} area {figures['apgr']:.3f}  to recover 50%: {figures['cost_to_recover_50']:.4f} "
+                    f"({100 * figures['cpt_50']:.1f}% of the range)  80%: {figures['cost_to_recover_80']:.4f} "
+                    f"({100 * figures['cpt_80']:.1f}%)"
+                )
+    return "\n".join(lines)
