@@ -237,12 +237,11 @@ def train_probability(config: Any) -> Any:
     """`benchgen-router train --head-kind probability`: embed the labelled prompts, fit the probability head
     on the training rows, calibrate the budget rules on them, measure calibration (Brier, ECE, reliability)
     and the default rule's picks on the held-out rows, and write the run folder (and with `export`, the
-    Hub folder) in the same formats as a CMA-ES run. Rewards must lie in [0, 1]; costs come from
+    Hub folder) in the same formats as a CMA-ES run. Rewards (in [0, 1]) are the labels; costs come from
     --calls/--pool, else one unit a call. No guard or operating points: the trade-off is chosen per request."""
     import time
 
     from benchgen_router.convert import Release, write_release
-    from benchgen_router.errors import InputError
     from benchgen_router.evaluation import evaluate_picks
     from benchgen_router.files import staging_dir, to_json
     from benchgen_router.folder import check_output_folder
@@ -257,12 +256,7 @@ def train_probability(config: Any) -> Any:
     if config.export is not None:
         check_output_folder(config.export, overwrite=False)
     data, _, test, how, cost_data = read_training_data(config)
-    rewards = np.asarray(data.rewards, dtype=np.float64)
-    if rewards.min() < 0 or rewards.max() > 1:
-        raise InputError(
-            f"a probability head needs rewards in [0, 1] (correct or not, or a graded score); these span "
-            f"[{rewards.min():g}, {rewards.max():g}]: rescale them or train the CMA-ES head."
-        )
+    rewards = np.asarray(data.rewards, dtype=np.float64)  # in [0, 1]: the data's reader checks
     rules = QUERY_FORMATS[config.query_format]
     started = time.perf_counter()
     embedded = backbone_embedder(config, data.agents)([canonical_query(p, rules) for p in data.prompts])
