@@ -83,15 +83,37 @@ def parse_grid(text: str) -> list[Tradeoff]:
     return grid
 
 
+MAX_POINT_NAME = 64  # configuration_router.OPERATING_POINT_NAME: a letter, then up to 63 of [A-Za-z0-9_-]
+
+
+def operating_point_name_problem(name: str, weights: str = "0.2") -> str:
+    """What is wrong with an operating-point name, the characters a name may hold, and a name that
+    would do (the rule is the router config's, which every entry point reads point names by)."""
+    allowed = "a NAME starts with a letter and has at most 64 letters, digits, '_' or '-'"
+    if not name:
+        return f"it is empty; {allowed} (e.g. balanced=0.2)"
+    others = sorted({c for c in name if not (c.isascii() and (c.isalnum() or c in "_-"))})
+    if others:
+        problem = f"'{name}' has {', '.join(repr(c) for c in others)}"
+    elif not (name[0].isascii() and name[0].isalpha()):
+        problem = f"'{name}' does not start with a letter"
+    else:
+        problem = f"'{name}' is longer than {MAX_POINT_NAME} characters"
+    fixed = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
+    fixed = (fixed if fixed[0].isascii() and fixed[0].isalpha() else f"p{fixed}")[:MAX_POINT_NAME]
+    return f"{problem}; {allowed} (e.g. {fixed}={weights or '0.2'})"
+
+
 def parse_operating_point(text: str) -> tuple[str, Tradeoff]:
     """'NAME=COST[:LATENCY]' -> (name, its trade-off)."""
     from benchgen_router.model_code import OPERATING_POINT_NAME
 
     name, equals, weights = text.partition("=")
-    if not equals or not OPERATING_POINT_NAME.match(name):
-        raise InputError(
-            f"'{text}' is not NAME=COST[:LATENCY] with a NAME of letters, digits, '_' or '-' (e.g. balanced=0.2)"
-        )
+    if not equals:
+        raise InputError(f"'{text}' is not NAME=COST[:LATENCY] (e.g. balanced=0.2)")
+    if not OPERATING_POINT_NAME.match(name):
+        problem = operating_point_name_problem(name, weights)
+        raise InputError(f"'{text}' is not NAME=COST[:LATENCY] with a valid NAME: {problem}")
     try:
         grid = parse_grid(weights)
     except InputError:
