@@ -7,7 +7,9 @@
 Every labelled prompt is routed as the router serves it, at each of its operating points, in both
 forms the data allow (as given, and as users type them). With per-call records the points are
 also placed against the fixed agents on cost and latency; a guarded router's guard is measured on
-the out-of-distribution query set. In-sample: rows the router was trained on flatter it.
+the out-of-distribution query set. The gap-recovered figures (frontier.gap) come with every run of a
+two-agent pool (RouteLLM's APGR and CPT) and, with per-call records, with any pool. In-sample: rows
+the router was trained on flatter it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ IN_SAMPLE_NOTE = (
 @dataclass
 class EvaluateConfig:
     """What an evaluation reads; `benchgen-router evaluate --help` describes each (flag = the name
-    with dashes). `plot` is a prefix: PREFIX-cost.png and PREFIX-latency.png (needs `calls`)."""
+    with dashes). `plot` is a prefix: PREFIX-cost.png, PREFIX-latency.png and PREFIX-gap.png (needs `calls`)."""
 
     rewards: str
     tasks: str
@@ -66,6 +68,8 @@ class EvaluateReport:
     frontier_title: str = ""
     cost_notes: list[str] = field(default_factory=list)
     guard: dict[str, Any] | None = None
+    gap: dict[str, Any] = field(default_factory=dict)  # routing_gap's record
+    gap_curves: list[Any] = field(default_factory=list)  # (title, [GapCurve], its PoolGap) per panel
 
     def record(self, config: EvaluateConfig) -> dict[str, Any]:
         """The JSON record `--output-json` writes."""
@@ -79,6 +83,8 @@ class EvaluateReport:
             record["cost_frontier"] = self.frontier_record
         if self.guard is not None:
             record["ood_guard"] = self.guard
+        if self.gap:
+            record["routing_gap"] = self.gap
         return record
 
 
@@ -166,8 +172,10 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
         report.by_form[form][point or "router"] = evaluation
         if form == "formatted":
             report.evaluations[point] = evaluation
-    if costs is not None:
-        place_against_fixed_agents(report, model, in_pool_order(costs, pool), picks_at, config)
+    costs_in_order = None if costs is None else in_pool_order(costs, pool)
+    routing_gap(report, rewards, pool, routed["formatted", primary].logits, picks_at, costs_in_order)
+    if costs_in_order is not None:
+        place_against_fixed_agents(report, model, costs_in_order, picks_at, config)
     queries_file = config.ood_queries or PACKAGED_OOD_QUERIES
     if model.guards_queries and queries_file.is_file():
         queries, groups = read_ood_queries(queries_file)
@@ -184,6 +192,59 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
             guard[f"{form}_flagged_share"] = float(routed[form, points[0]].out_of_distribution.mean())
         report.guard = guard
     return report
+
+
+def routing_gap(
+    report: EvaluateReport,
+    rewards: np.ndarray,
+    pool: list[str],
+    logits: np.ndarray,
+    picks_at: dict[tuple[str, str | None], Any],
+    costs: Any,
+) -> None:
+    """The gap-recovered figures (frontier.gap) into the report: for two agents RouteLLM's APGR and
+    CPT of the router's logit margin swept at RouteLLM's thresholds (cost: the share of calls to the
+    better agent); with per-call costs, for any pool, the quality-cost area of the router's points and
+    the cost to recover 50% and 80% of the gap. Random and the oracle beside each. A table with no gap
+    gets a note instead."""
+    from benchgen_router.frontier import gap as gp
+
+    points = [picks for (form, _), picks in picks_at.items() if form == "formatted"]
+    if len(pool) == 2:
+        strong = int(np.argmax(rewards.mean(axis=0)))
+        try:
+            two = gp.two_agent_gap(rewards, pool, strong)
+        except InputError as err:
+            report.gap["two_agents"] = {"note": str(err)}
+        else:
+            margin = logits[:, strong] - logits[:, 1 - strong]
+            curves = [
+                gp.score_curve("router", margin, rewards, strong, gp.ROUTELLM_NUM_RESULTS),
+                two.random(),
+                gp.oracle_curve(two, rewards, two_agent_costs(len(rewards), strong)),
+            ]
+            report.gap["two_agents"] = {**two.record(curves), "num_results": gp.ROUTELLM_NUM_RESULTS}
+            report.gap_curves.append(("two agents: share of calls to the better agent", curves, two))
+    if costs is not None:
+        try:
+            priced = gp.PoolGap.of(rewards, costs.cost_per_1k, pool, cost_unit="USD per 1,000 queries")
+        except InputError as err:
+            report.gap["pool"] = {"note": str(err)}
+        else:
+            curves = [
+                priced.curve_of_picks("router", points, rewards, costs.cost_per_1k),
+                priced.random(),
+                gp.oracle_curve(priced, rewards, costs.cost_per_1k),
+            ]
+            report.gap["pool"] = priced.record(curves)
+            report.gap_curves.append(("pool: cost per 1,000 queries", curves, priced))
+
+
+def two_agent_costs(rows: int, strong: int) -> np.ndarray:
+    """RouteLLM's cost: one per call to the strong agent."""
+    cost = np.zeros((rows, 2))
+    cost[:, strong] = 1.0
+    return cost
 
 
 def place_against_fixed_agents(
@@ -213,6 +274,8 @@ def place_against_fixed_agents(
         fr.plot_policies(
             result, f"{config.plot}-cost.png", f"{config.plot}-latency.png", title=f"{where}: in-sample, no CV"
         )
+        if report.gap_curves:
+            fr.plot_gap_curves(report.gap_curves, f"{config.plot}-gap.png", title=f"{where}: in-sample, no CV")
     stored = fr.frontier_to_dict(result)
     stored.update(
         {

@@ -324,6 +324,28 @@ def test_calls_report_the_single_head_routers_point_as_computed_by_hand(
     assert stored["aiq"]["fixed agents"] == pytest.approx(fr.area_under_frontier(fixed, *window))
     assert stored["aiq"]["router + fixed agents"] == pytest.approx(fr.area_under_frontier([*fixed, router], *window))
     assert "in-sample" in stored["evaluation"] and stored["calls"] == str(cost_files["calls"])
+    # the quality-cost gap between the cheapest and the best agent, recomputed by hand
+    gap = record["routing_gap"]["pool"]
+    quality, price = R.mean(axis=0), C.mean(axis=0)
+    cheap = np.flatnonzero(price <= price.min() + 1e-12)
+    cheapest = int(cheap[np.argmax(quality[cheap])])
+    top = np.flatnonzero(quality >= quality.max() - 1e-12)
+    best = int(top[np.argmin(price[top])])
+    if cheapest == best:  # the cheapest agent is also the best: no gap, one note
+        assert gap == {
+            "note": f"the cheapest agent ({AGENTS[best]}) is also the best: there is no quality gap to recover."
+        }
+        assert "quality-cost gap: none" in printed
+    else:
+        assert (gap["cheapest"], gap["best"]) == (AGENTS[cheapest], AGENTS[best])
+        x = (expected["router"]["cost_per_1k"] - price[cheapest]) / (price[best] - price[cheapest])
+        y = (expected["router"]["reward"] - quality[cheapest]) / (quality[best] - quality[cheapest])
+        if 0 <= x <= 1:
+            assert gap["policies"]["router"]["apgr"] == pytest.approx(0.5 * x * y + 0.5 * (1 - x) * (y + 1))
+        assert gap["policies"]["random"]["apgr"] == pytest.approx(0.5)
+        assert gap["policies"]["oracle"]["apgr"] >= gap["policies"]["router"]["apgr"]
+        assert "quality against cost, gap from the cheapest agent" in printed
+        assert (tmp_path / "run-gap.png").read_bytes()[:4] == b"\x89PNG"
 
     header = printed[printed.index("cost and latency of ") :].splitlines()
     assert "no cross-validation" in header[1] and "rows the router was trained on" in header[1]

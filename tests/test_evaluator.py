@@ -46,3 +46,37 @@ def test_a_split_with_no_rows_is_one_line(tmp_path):
     )
     with pytest.raises(InputError, match="no joined row has split 'nowhere'"):
         evaluate(config)
+
+
+def test_two_agents_get_routellms_figures_and_a_priced_pool_its_gap():
+    """routing_gap on a hand-made two-agent table: RouteLLM's APGR and CPT of the logit margin,
+    recomputed with RouteLLM's code written out (test_frontier_gap.routellm_literal)."""
+    import numpy as np
+    from test_frontier_gap import SCORES, STRONG, WEAK, routellm_literal
+
+    from benchgen_router.costs import CostData
+    from benchgen_router.evaluator import EvaluateReport, routing_gap
+
+    rewards = np.stack([STRONG, WEAK], axis=1)  # the strong agent first: it is found by its accuracy
+    logits = np.stack([SCORES, np.zeros_like(SCORES)], axis=1)
+    picks = {("formatted", "a"): (SCORES < 0.5).astype(int), ("plain", "a"): np.zeros(len(SCORES), dtype=int)}
+    cost = np.tile([3.0, 0.5], (len(SCORES), 1)) / 1000  # USD per call
+    costs = CostData(
+        ["s", "w"], [str(i) for i in range(len(SCORES))], rewards, cost, np.ones_like(cost), np.ones_like(cost)
+    )
+    report = EvaluateReport("t", "a", ["a"], {}, {})
+    routing_gap(report, rewards, ["s", "w"], logits, picks, costs)
+    two = report.gap["two_agents"]
+    _, cpts, apgr = routellm_literal(SCORES, STRONG, WEAK)
+    assert (two["best"], two["cheapest"]) == ("s", "w")
+    assert two["policies"]["router"]["apgr"] == pytest.approx(apgr, abs=1e-12)
+    assert 100 * two["policies"]["router"]["cpt_50"] == pytest.approx(cpts[1], abs=1e-9)
+    assert two["policies"]["random"]["apgr"] == pytest.approx(0.5)
+    pool = report.gap["pool"]
+    # one operating point, at a strong share s: the curve (0, weak), (s, router), (1, strong)
+    share = float((SCORES >= 0.5).mean())
+    router = float(np.where(SCORES >= 0.5, STRONG, WEAK).mean())
+    area = 0.5 * share * (WEAK.mean() + router) + 0.5 * (1 - share) * (router + STRONG.mean())
+    assert pool["policies"]["router"]["apgr"] == pytest.approx((area - WEAK.mean()) / (STRONG.mean() - WEAK.mean()))
+    assert pool["cheapest_cost"] == pytest.approx(0.5) and pool["best_cost"] == pytest.approx(3.0)
+    assert len(report.gap_curves) == 2

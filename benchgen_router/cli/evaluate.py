@@ -21,8 +21,15 @@ its default point (or the one asked for).
 With --calls (the raw per-call records, rewards.v1-pilot.jsonl format) it also reports each
 evaluated point's mean reward, cost (USD per 1,000 queries), latency and share of queries per agent
 against every fixed agent, uniform random and the per-task oracles on the same rows, with the
-non-dominated marks and the area under the frontier (AIQ) with and without the router; --plot draws
-them. This is an in-sample evaluation of a fixed router on the given rows, not cross-validation:
+non-dominated marks and the area under the frontier (AIQ) with and without the router, and the
+quality-cost gap figures: the area of the router's points between the cheapest and the best agent
+(the gap recovered, averaged over that cost range) and the cost that recovers 50% and 80% of the gap,
+beside random and the oracle; --plot draws them (PREFIX-cost.png, PREFIX-latency.png, PREFIX-gap.png).
+
+A two-agent router gets RouteLLM's figures on the labelled prompts in any case: its logit margin swept
+at RouteLLM's thresholds gives the curve of accuracy against the share of calls to the better agent,
+its APGR and CPT(50%) and CPT(80%), computed as routellm/evals computes them, beside random and the
+oracle. This is an in-sample evaluation of a fixed router on the given rows, not cross-validation:
 rows the router was trained on make it look better than it will on new queries.
 
 Rewards and tasks are joined on task_id as in training (rows with no task are skipped). The
@@ -117,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from benchgen_router.evaluation import format_evaluation
     from benchgen_router.evaluator import EvaluateConfig, evaluate
     from benchgen_router.files import Output, to_json
-    from benchgen_router.frontier import format_frontier
+    from benchgen_router.frontier import format_frontier, format_gap
 
     config = EvaluateConfig(**{item.name: getattr(args, item.name) for item in fields(EvaluateConfig)})
     inputs = [args.rewards, args.tasks, *(path for path in (args.calls, args.pool) if path is not None)]
@@ -135,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
             print(format_frontier(report.frontier, kinds=kinds, title=report.frontier_title))
             for note in report.cost_notes:
                 print(f"note: {note}")
+        if report.gap:
+            print(format_gap(report.gap))
         if report.guard is not None:
             print(format_guard_evaluation(report.guard))
         if output is not None:
