@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from benchgen_router.serving import free_port
+from benchgen_router.serving.local_ray import FOLDER_PREFIX
 from helpers import PROJECT_ROOT, make_queries
 from http_client import request
 
@@ -32,7 +33,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("
 
 QUERIES = make_queries(16, seed=5)
 IDLE_STOP_S = 5.0  # with nothing in flight, the command returns within this
-FOLDER_PREFIX = "bgr-serve-"  # serving.local_ray's folders
 
 
 class Served:
@@ -115,7 +115,7 @@ def test_sigkill_then_the_next_serve_on_the_port_starts_and_an_idle_group_sigter
     try:
         first.child.send_signal(signal.SIGKILL)
         first.child.wait()
-        _, alive = psutil.wait_procs(first.processes, timeout=15)
+        _, alive = psutil.wait_procs(first.processes, timeout=5)
         assert alive == [], [(p.pid, p.name()) for p in alive]
     finally:
         first.kill()

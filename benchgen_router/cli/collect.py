@@ -12,7 +12,10 @@ what is missing. 429, 5xx, timeouts and connection errors are retried with backo
 still fails is recorded with its error and counted as a wrong answer. --max-cost-usd stops
 launching calls before the journal's spend would pass it (exit 1: some calls not asked). One run at
 a time holds an output's journal (exit 75 for another: nothing asked); a write that fails after
-calls were made (a full disk) exits 74, and --resume continues. Details: docs/collect.md.
+calls were made (a full disk) exits 74, and --resume continues. --judge AGENT (an agent of the
+pool) or --judge-pool FILE (an endpoint of its own) rates the answers of tasks without a reference
+answer from 1 to 10 (`grader: "judge"`, or no answer and no grader); a verdict without a rating is
+asked again once, then left ungraded, never counted as wrong. Details: docs/collect.md.
 """
 
 from __future__ import annotations
@@ -79,6 +82,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="math_expression answers equal by value (math-verify; the default) or by the pilot's string rule, "
         "to extend a matrix graded that way",
     )
+    data.add_argument(
+        "--judge",
+        metavar="AGENT",
+        help="rate answers of tasks without a reference with this agent of the pool (or of --judge-pool)",
+    )
+    data.add_argument(
+        "--judge-pool",
+        type=Path,
+        metavar="FILE",
+        help="a pool file (agents.json format) for a judge outside the pool: its one agent, or --judge AGENT",
+    )
     data.add_argument("--max-tokens", type=positive_int, metavar="N", help="max_tokens sent upstream (default: none)")
     data.add_argument(
         "--pool-version",
@@ -141,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         pool_version=args.pool_version,
         math_equivalence=args.math_equivalence,
         progress=not args.no_progress,
+        judge=args.judge,
+        judge_pool=args.judge_pool,
     )
     try:
         result = collect(config)
@@ -152,7 +168,20 @@ def run(args: argparse.Namespace) -> int:
         f"{result.cost_usd:.4f} USD ({result.total_cost_usd:.4f} USD in the journal); "
         f"{result.calls_per_s:.2f} calls/s over {result.seconds:.1f} s"
     )
+    if args.judge is not None or args.judge_pool is not None:
+        print(
+            f"judge: {result.judged} answers rated this run ({result.judge_cost_usd:.4f} USD); "
+            f"{result.ungraded} answers ungraded in {result.output}"
+        )
     print(f"wrote {result.tasks_written} of {result.tasks} tasks to {result.output} and {result.rewards_output}")
+    if result.tasks_rated < result.tasks_written:
+        logger.warning(
+            "warning: %d tasks left out of %s: an agent has no graded answer there (the judge gave no rating); "
+            "they are in %s",
+            result.tasks_written - result.tasks_rated,
+            result.rewards_output,
+            result.output,
+        )
     if result.failed:
         logger.warning(
             "warning: %d calls failed after their retries; they are recorded with their error and count as wrong "

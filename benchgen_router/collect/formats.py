@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.errors import InputError
+from benchgen_router.errors import InputError, setting_error
 from benchgen_router.files import read_jsonl, to_json
 from benchgen_router.graders import GRADERS, grade
+
+JUDGE_GRADER = "judge"  # the grader of collect/judge.py, which rates answers instead of checking them
 
 # The pilot's call fields (rewards.v1-pilot.jsonl), in its key order.
 CALL_FIELDS = (
@@ -75,9 +77,11 @@ def _text(row: Mapping[str, Any], key: str) -> str | None:
     return None if value is None else str(value)
 
 
-def task_from_row(row: Mapping[str, Any], where: str) -> Task:
+def task_from_row(row: Mapping[str, Any], where: str, judge: bool = False) -> Task:
     """A task row (tasks.v1.jsonl: task_id, prompt, answer, grader, ...) checked, or one line naming
-    what it lacks. A numeric answer is taken as written (70 is "70")."""
+    what it lacks. A numeric answer is taken as written (70 is "70"). `grader: "judge"` asks the judge
+    (its answer, when given, is the reference the judge compares with); with `judge`, a row with
+    neither answer nor grader goes to the judge too."""
     task_id = row.get("task_id")
     if not isinstance(task_id, str) or not task_id:
         raise InputError(f"{where} has no task_id; every task needs task_id, prompt, answer and grader.")
@@ -88,16 +92,28 @@ def task_from_row(row: Mapping[str, Any], where: str) -> Task:
     answer = row.get("answer")
     if isinstance(answer, int | float) and not isinstance(answer, bool):
         answer = str(answer)
-    if not isinstance(answer, str) or not answer.strip():
-        raise InputError(f"{where} has no answer; every task needs the answer its grader compares with.")
     grader = row.get("grader")
-    if not isinstance(grader, str):
-        found = "no grader" if grader is None else f"grader {grader!r}"
-        raise InputError(f"{where} has {found}; name one of {', '.join(sorted(GRADERS))}.")
-    try:
-        grade(grader, None, answer)  # an unknown grader raises here; nothing is graded
-    except InputError as err:
-        raise InputError(f"{where}: {err}") from None
+    if grader is None and answer is None and judge:
+        grader = JUDGE_GRADER
+    if grader == JUDGE_GRADER:
+        if not judge:
+            raise setting_error(f"{where} asks for grader 'judge'; pass {{judge}} or {{judge_pool}} to rate answers.")
+        if answer is not None and not isinstance(answer, str):
+            raise InputError(f"{where} has answer {answer!r}; a reference answer must be text or a number.")
+        answer = answer if isinstance(answer, str) and answer.strip() else ""
+    else:
+        if not isinstance(answer, str) or not answer.strip():
+            raise setting_error(
+                f"{where} has no answer; every task needs the answer its grader compares with "
+                "(or pass {judge} to have a judge rate the answers of tasks without one)."
+            )
+        if not isinstance(grader, str):
+            found = "no grader" if grader is None else f"grader {grader!r}"
+            raise InputError(f"{where} has {found}; name one of {', '.join(sorted([*GRADERS, JUDGE_GRADER]))}.")
+        try:
+            grade(grader, None, answer)  # an unknown grader raises here; nothing is graded
+        except InputError as err:
+            raise InputError(f"{where}: {err}") from None
     source = row.get("source")
     dataset = source.get("dataset") if isinstance(source, Mapping) else row.get("dataset")
     return Task(
@@ -113,9 +129,10 @@ def task_from_row(row: Mapping[str, Any], where: str) -> Task:
     )
 
 
-def read_tasks(path: str, limit: int | None = None) -> list[Task]:
+def read_tasks(path: str, limit: int | None = None, judge: bool = False) -> list[Task]:
     """The first `limit` tasks of a tasks file (all without a limit), checked; task ids must be unique.
-    Each grader used is run once, so a missing dependency (math-verify) is reported before any call."""
+    Each grader used is run once, so a missing dependency (math-verify) is reported before any call.
+    `judge`: a judge is at hand, so tasks may ask for it (task_from_row)."""
     rows = read_jsonl(path, "tasks file")
     _check_utf8(Path(path))
     rows = rows if limit is None else rows[:limit]
@@ -123,7 +140,7 @@ def read_tasks(path: str, limit: int | None = None) -> list[Task]:
         raise InputError(f"tasks file {path} has no tasks; pass a JSON-lines file with one task per line.")
     tasks, seen = [], set()
     for number, row in enumerate(rows, start=1):
-        task = task_from_row(row, f"tasks file {path} row {number}")
+        task = task_from_row(row, f"tasks file {path} row {number}", judge)
         try:  # a lone surrogate written as a JSON escape ("\udc80") is valid JSON but no text
             to_json(row, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as err:
@@ -135,7 +152,7 @@ def read_tasks(path: str, limit: int | None = None) -> list[Task]:
             raise InputError(f"tasks file {path} row {number} repeats task_id '{task.task_id}'; ids must be unique.")
         seen.add(task.task_id)
         tasks.append(task)
-    for grader in sorted({task.grader for task in tasks}):
+    for grader in sorted({task.grader for task in tasks} - {JUDGE_GRADER}):
         grade(grader, "0", "0")
     return tasks
 
@@ -160,35 +177,62 @@ def pool_digest(agents: Sequence[str], models: Sequence[str]) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
+def call_reward(call: Mapping[str, Any]) -> float | None:
+    """A call's reward: a judged call's `reward` (its rating / 10; None while ungraded), else 1 for an
+    answer graded correct and 0 for any other (wrong, empty, failed)."""
+    if "reward" in call:
+        return call["reward"]
+    return 1.0 if call["correct"] else 0.0
+
+
 @dataclass(frozen=True)
 class Tally:
-    """Per agent, in agent order: calls, correct, empty and failed calls, reward; the best agents."""
+    """Per agent, in agent order: calls, correct, empty, failed and ungraded calls, reward (the mean
+    over its graded calls; None when it has none); the best agents."""
 
     n_calls: list[int]
     n_correct: list[int]
     n_empty: list[int]
     n_error: list[int]
-    mean_reward: list[float]
+    n_ungraded: list[int]
+    mean_reward: list[float | None]
     best_agents: list[str]
 
     @property
     def is_tie(self) -> bool:
         return len(self.best_agents) > 1
 
+    @property
+    def rated(self) -> bool:
+        """Every agent has a graded call: the row has a reward for each, as the rewards file needs."""
+        return all(mean is not None for mean in self.mean_reward)
+
 
 def tally(agent_order: Sequence[str], calls: Sequence[Mapping[str, Any]]) -> Tally:
-    """The pilot's per-task figures from its calls (every agent must have at least one)."""
-    counts = {agent: [0, 0, 0, 0] for agent in agent_order}
+    """The pilot's per-task figures from its calls (every agent must have at least one). An ungraded
+    call (a judged answer the judge gave no rating) is left out of its agent's mean: it is neither
+    right nor wrong."""
+    counts = {agent: [0, 0, 0, 0, 0] for agent in agent_order}
+    sums = dict.fromkeys(agent_order, 0.0)
     for call in calls:
         count = counts[call["agent"]]
         count[0] += 1
         count[1] += bool(call["correct"])
         count[2] += bool(call["empty"])
         count[3] += call["error"] is not None
+        value = call_reward(call)
+        if value is None:
+            count[4] += 1
+        else:
+            sums[call["agent"]] += value
     rows = [counts[agent] for agent in agent_order]
-    mean = [correct / total for total, correct, _, _ in rows]
-    best = [agent for agent, reward in zip(agent_order, mean, strict=True) if reward == max(mean)]
-    return Tally(*([row[i] for row in rows] for i in range(4)), mean, best)
+    mean = [
+        sums[agent] / (count[0] - count[4]) if count[0] > count[4] else None
+        for agent, count in zip(agent_order, rows, strict=True)
+    ]
+    known = [value for value in mean if value is not None]
+    best = [agent for agent, reward in zip(agent_order, mean, strict=True) if not known or reward == max(known)]
+    return Tally(*([row[i] for row in rows] for i in range(5)), mean, best)
 
 
 def sort_calls(agent_order: Sequence[str], calls: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -217,7 +261,8 @@ def calls_row(
 def rewards_row(row: Mapping[str, Any], task: Task) -> dict[str, Any]:
     """A task's row of the rewards file (rewards.jsonl) from its calls-file row and its task."""
     figures = tally(row["agent_order"], row["calls"])
-    return {
+    judged = {"n_ungraded": figures.n_ungraded} if any("reward" in call for call in row["calls"]) else {}
+    return judged | {
         "agent_order": list(row["agent_order"]),
         "best_agents": figures.best_agents,
         "dataset": task.dataset,

@@ -2,10 +2,11 @@
 
 A JSON-lines file next to the output (`calls.jsonl.journal`): a header naming the pool, then one
 line per finished cell (task, agent, repetition) with its call record and what it was asked and
-graded against. Each line is one write() followed by fsync(), so a line is whole or, when the
-machine died inside that write, an unterminated tail, which resuming drops (that one cell is asked
-again). The final files are computed from the journal alone, so a resumed run and an uninterrupted
-one write the same rows.
+graded against, and for a judged answer a second line with the judge's verdict (written once the
+judge has answered: a crash between the two asks the judge again on resume, never the agent). Each
+line is one write() followed by fsync(), so a line is whole or, when the machine died inside that
+write, an unterminated tail, which resuming drops (that one cell is asked again). The final files
+are computed from the journal alone, so a resumed run and an uninterrupted one write the same rows.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchgen_router.collect.formats import CALL_FIELDS, Task
+from benchgen_router.collect.judge import VERDICT_FIELDS
 from benchgen_router.errors import InputError, RouterError
 
 logger = logging.getLogger("benchgen_router.collect")
@@ -120,10 +122,18 @@ def _fsync_folder(folder: Path) -> None:
 class Journal:
     """An open journal: the entries found in it (on resume) and an append-only handle."""
 
-    def __init__(self, path: Path, fd: int, header: Mapping[str, Any], entries: dict[Cell, Entry]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        fd: int,
+        header: Mapping[str, Any],
+        entries: dict[Cell, Entry],
+        verdicts: dict[Cell, Mapping[str, Any]] | None = None,
+    ) -> None:
         self.path = path
         self.header = dict(header)
         self.entries = entries
+        self.verdicts = {} if verdicts is None else verdicts  # the judge's verdict per judged cell
         self._fd = fd
 
     @classmethod
@@ -171,11 +181,15 @@ class Journal:
                     "resume it with the pool it was recorded with, or pass another output path."
                 )
         entries: dict[Cell, Entry] = {}
+        verdicts: dict[Cell, Mapping[str, Any]] = {}
         for number, line in enumerate(lines[1:], start=2):
-            entry = _entry(line, agents)
-            if entry is None:
+            found = _entry(line, agents)
+            if found is None:
                 raise InputError(f"journal {path} line {number} is damaged; remove that line to resume.")
-            entries.setdefault(entry.cell, entry)
+            if isinstance(found, Entry):
+                entries.setdefault(found.cell, found)
+            else:
+                verdicts.setdefault(*found)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
             if len(whole) < len(data):
@@ -183,7 +197,7 @@ class Journal:
                 logger.warning("journal %s: dropped an unfinished last line (that call is asked again)", path)
         except OSError as err:
             raise InputError(f"cannot append to journal {path} ({err.strerror}).") from None
-        return cls(path, fd, header, entries)
+        return cls(path, fd, header, entries, verdicts)
 
     def append(self, task: Task, call: Mapping[str, Any]) -> Entry:
         entry = Entry(task.task_id, task.prompt_sha256, task.grader, task.answer, call)
@@ -199,6 +213,12 @@ class Journal:
         self.entries.setdefault(entry.cell, entry)
         return entry
 
+    def append_verdict(self, cell: Cell, verdict: Mapping[str, Any]) -> None:
+        """The judge's verdict on a journaled cell's answer (judge.VERDICT_FIELDS)."""
+        task_id, agent, repetition = cell
+        self._write({"task_id": task_id, "agent": agent, "repetition": repetition, "verdict": dict(verdict)})
+        self.verdicts.setdefault(cell, verdict)
+
     def _write(self, row: Mapping[str, Any]) -> None:
         data = (json.dumps(row, allow_nan=False) + "\n").encode("ascii")  # escaped: any text, even lone surrogates
         while data:  # one write() in practice; a short write is continued, never dropped
@@ -210,13 +230,28 @@ class Journal:
             os.close(self._fd)
 
 
-def _entry(line: str, agents: Sequence[str]) -> Entry | None:
+def _verdict(row: Mapping[str, Any], agents: Sequence[str]) -> tuple[Cell, Mapping[str, Any]] | None:
+    verdict, task_id, agent, repetition = (row.get(key) for key in ("verdict", "task_id", "agent", "repetition"))
+    if not isinstance(verdict, dict) or set(verdict) != set(VERDICT_FIELDS) or agent not in agents:
+        return None
+    if not isinstance(task_id, str) or not isinstance(repetition, int) or isinstance(repetition, bool):
+        return None
+    rating = verdict["rating"]
+    if rating is not None and (not isinstance(rating, int) or isinstance(rating, bool) or not 1 <= rating <= 10):
+        return None
+    return (task_id, agent, repetition), verdict
+
+
+def _entry(line: str, agents: Sequence[str]) -> Entry | tuple[Cell, Mapping[str, Any]] | None:
+    """A journal line: a finished cell (Entry), a judge's verdict (cell, verdict), or None when damaged."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError:
         return None
     if not isinstance(row, dict):
         return None
+    if "verdict" in row:
+        return _verdict(row, agents)
     call = row.get("call")
     fields = (row.get("task_id"), row.get("prompt_sha256"), row.get("grader"), row.get("answer"))
     if not all(isinstance(value, str) for value in fields) or not isinstance(call, dict):

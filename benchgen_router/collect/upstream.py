@@ -17,7 +17,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -130,19 +130,24 @@ def _status_failure(response: httpx.Response) -> _Failure:
 async def ask(
     client: httpx.AsyncClient,
     upstream: Upstream,
-    prompt: str,
+    prompt: str | Sequence[Mapping[str, str]],
     *,
     max_tokens: int | None = None,
+    temperature: float | None = None,
     policy: RetryPolicy = RetryPolicy(),
     environ: Mapping[str, str] = os.environ,
 ) -> Answer:
-    """Send `prompt` as one user message to the agent's upstream; retry what the module docstring
-    says. The latency is the last attempt's, from sending the request to the full answer."""
+    """Send `prompt` as one user message (or a list of messages, as the judge is asked) to the agent's
+    upstream; retry what the module docstring says. The latency is the last attempt's, from sending the
+    request to the full answer."""
     import httpx
 
-    body: dict[str, Any] = {"model": upstream.model, "messages": [{"role": "user", "content": prompt}]}
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    body: dict[str, Any] = {"model": upstream.model, "messages": messages}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
+    if temperature is not None:
+        body["temperature"] = temperature
     headers = upstream.headers(environ)
     key = environ.get(upstream.api_key_env) if upstream.api_key_env else None
     url = f"{upstream.base_url}/chat/completions"

@@ -14,6 +14,9 @@
   in one folder made for the service, removed when it stops.
 - **Leftovers.** After Ray's own shutdown, any process it started that is still alive (found among
   this process's descendants that were not there before Ray started) is killed: nothing else is.
+- **A killed command.** Ray's agents outlive a raylet that died with the command for a minute or
+  more. A small reaper process, started beside Ray, holds the process groups Ray's processes lead
+  and kills them when the command's end of its pipe closes, however the command ended.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,20 +38,22 @@ from pathlib import Path
 import psutil
 import ray
 
-# Ray Serve's HAProxy files, each moved into the service's folder (Ray Serve adds the node's id).
+# Ray Serve's HAProxy files, each moved into the service's folder (Ray Serve adds the node's id, 56
+# characters). Short names: HAProxy refuses a socket path over 97 bytes.
 HAPROXY_PATH_VARIABLES = {
     "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
-    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
-    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
-    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "a.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "state",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "m.sock",
 }
 HAPROXY_BINARY_VARIABLE = "RAY_SERVE_HAPROXY_BINARY_PATH"
-# A replica behind HAProxy that stops stays reachable this long before it drains, so that HAProxy
-# can stop sending it requests (Ray Serve's default: 30 s). A private Ray's only HAProxy learns of
-# it within a fraction of a second, and stops with it: a second is enough, and stopping takes seconds.
+# A replica behind HAProxy that stops stays reachable this long before it drains, so that load
+# balancers can stop sending it requests (Ray Serve's default: 30 s). A private Ray's only HAProxy
+# stops with the service: a request that arrives after the window is refused, and HAProxy answers
+# it 503 (requests already taken are answered all the same).
 DRAIN_WINDOW_VARIABLE = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
-DRAIN_WINDOW_S = "1"
-FOLDER_PREFIX = "bgr-serve-"
+DRAIN_WINDOW_S = "0.2"
+FOLDER_PREFIX = "bgr-"
 # How long Ray's own processes get to exit after ray.shutdown() before they are killed.
 LEFTOVER_GRACE_S = 2.0
 
@@ -62,13 +68,40 @@ os.execv({binary!r}, [{binary!r}, *sys.argv[1:]])
 """
 
 
+REAPER = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+groups = {int(line) for line in sys.stdin}  # until the service's end of the pipe closes
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
 @dataclass
 class LocalRay:
-    """A Ray started for one service: its folder, and the processes that were there before it."""
+    """A Ray started for one service: its folder, the processes that were there before it, and the
+    reaper that kills its process groups if the service dies without stopping it."""
 
     folder: str
     earlier: set[int] = field(default_factory=set)
+    reaper: subprocess.Popen | None = None
     stopped: bool = False
+
+    def watch(self) -> None:
+        """Hand the reaper the process groups that Ray's processes lead (each its own: own_process_groups)."""
+        if self.reaper is None:
+            self.reaper = subprocess.Popen(
+                [sys.executable, "-S", "-c", REAPER], stdin=subprocess.PIPE, start_new_session=True, text=True
+            )
+        for process in started_processes(self):
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(process.pid) == process.pid != os.getpgid(0):
+                    self.reaper.stdin.write(f"{process.pid}\n")
+        self.reaper.stdin.flush()
 
 
 def haproxy_environment(folder: str) -> dict[str, str]:
@@ -120,8 +153,8 @@ def own_process_groups() -> Iterator[None]:
 
 
 def new_local_ray() -> LocalRay:
-    """The folder for a Ray about to start (short: Unix socket paths are limited to 107 bytes), named
-    after this process; the folders of services whose process was killed are removed first."""
+    """The folder for a Ray about to start (short: HAProxy's socket paths are limited to 97 bytes, Ray's
+    to 107), named after this process; the folders of services whose process was killed are removed first."""
     remove_orphaned_folders()
     folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
     return LocalRay(folder=folder, earlier={child.pid for child in psutil.Process().children(recursive=True)})
@@ -137,11 +170,9 @@ def remove_orphaned_folders() -> None:
 
 
 def started_processes(local: LocalRay) -> list[psutil.Process]:
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        if child.pid not in local.earlier:
-            found.append(child)
-    return found
+    """The processes Ray started for the service (the reaper, which outlives them, excepted)."""
+    reaper = local.reaper.pid if local.reaper is not None else None
+    return [child for child in psutil.Process().children(recursive=True) if child.pid not in local.earlier | {reaper}]
 
 
 def stop_local_ray(local: LocalRay) -> None:
@@ -157,6 +188,9 @@ def stop_local_ray(local: LocalRay) -> None:
         with contextlib.suppress(psutil.Error):
             process.send_signal(signal.SIGKILL)
     psutil.wait_procs(alive, timeout=LEFTOVER_GRACE_S)
+    if local.reaper is not None:  # nothing left for it: it exits
+        local.reaper.stdin.close()
+        local.reaper.wait(timeout=10)
     remove_folder(local.folder)
 
 

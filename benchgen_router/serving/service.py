@@ -6,6 +6,7 @@ replicas read the requests and hold the router, on Ray Serve, on a private local
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -439,6 +440,8 @@ def run_service(application: Any, plan: ServicePlan, blocking: bool) -> RunningS
         connected = start_ray(
             plan.address, plan.num_cpus, plan.metrics_port, plan.mode, local_ray, haproxy_timeouts(plan)
         )
+        if local_ray is not None:
+            local_ray.watch()
         if blocking:
             sigterm.install()  # again after ray.init, which sets its own handler
         service = deploy(application, plan, local_ray, connected)
@@ -453,6 +456,11 @@ def run_service(application: Any, plan: ServicePlan, blocking: bool) -> RunningS
             why = "SIGTERM" if sigterm.received else "interrupted"
             logger.info("stopping (%s): answering the requests in flight", why)
         shutdown_service(local_ray, connected)
+        if blocking:
+            # The process ends next. Its last garbage collection would walk the whole heap (Ray, torch,
+            # transformers): seconds on a busy machine, after everything has stopped. Frozen objects
+            # are left out of it.
+            gc.freeze()
         raise
     finally:
         sigterm.restore()  # only now: a second SIGTERM must not cut the drain short
