@@ -57,7 +57,13 @@ def population_picks(thetas: np.ndarray, embeddings: np.ndarray, num_agents: int
 def fitness(thetas: np.ndarray, embeddings: np.ndarray, rewards: np.ndarray, hidden_dim: int) -> np.ndarray:
     """Mean reward of each candidate head's picks: thetas (P, n) -> (P,), one vectorised pass."""
     picks = population_picks(thetas, embeddings, rewards.shape[1], hidden_dim)  # (Q, P)
-    return rewards[np.arange(rewards.shape[0]), picks.T].mean(axis=1)  # (P, Q) averaged along rows
+    return picked_rewards(rewards, picks).mean(axis=1)
+
+
+def picked_rewards(rewards: np.ndarray, picks: np.ndarray) -> np.ndarray:
+    """(P, Q) reward of each candidate's pick on each row, from picks (Q, P): rewards[q, picks[q, p]],
+    a fresh C-ordered array, so a mean along rows sums in the same order as the single search's."""
+    return rewards[np.arange(rewards.shape[0]), np.ascontiguousarray(picks.T)]
 
 
 class _PycmaDiagonal:
@@ -188,7 +194,6 @@ def search_heads(
     strategies = [make(dim, sigma0, seed, popsize) for seed in seeds]
     best = [(np.zeros(dim), -math.inf) for _ in strategies]
     histories: list[list[dict[str, Any]]] = [[] for _ in strategies]
-    rows = np.arange(embeddings.shape[0])
     started = time.perf_counter()
     desc = f"CMA-ES ({library})" + (f", {len(strategies)} searches" if len(strategies) > 1 else "")
     with tqdm(range(generations), desc=desc, unit="gen", disable=not progress) as bar:
@@ -197,8 +202,7 @@ def search_heads(
             picks = population_picks(np.concatenate(populations), embeddings, agents, hidden_dim)
             offset = 0
             for index, (strategy, candidates, target) in enumerate(zip(strategies, populations, targets, strict=True)):
-                # (P, Q) rewards of this search's picks, averaged along rows as fitness() does
-                scores = target[rows, picks[:, offset : offset + len(candidates)].T].mean(axis=1)
+                scores = picked_rewards(target, picks[:, offset : offset + len(candidates)]).mean(axis=1)
                 offset += len(candidates)
                 strategy.tell(candidates, -scores)
                 top = int(np.argmax(scores))

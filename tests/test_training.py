@@ -125,3 +125,14 @@ def test_lockstep_settings_are_checked_like_the_single_search():
         search_heads(embeddings, [rewards, rewards], [1, -1])
     with pytest.raises(ValueError, match="one seed per target matrix"):
         search_heads(embeddings, [rewards], [1, 2])
+
+
+def test_fitness_equals_the_literal_population_mean_bit_for_bit():
+    """Non-integer utilities (rewards minus a cost term), whose sums depend on the order of addition:
+    the one-product fitness equals the literal mean over rows of R[i, argmax(head_logits)] exactly."""
+    rng = np.random.default_rng(9)
+    embeddings = rng.normal(size=(3000, 12))
+    utility = (rng.random((3000, 2)) < [0.6, 0.8]) - 0.0137 * np.array([0.6, 10.0]) * rng.random((3000, 2))
+    thetas = rng.normal(size=(23, 12 * 2 + 2))
+    literal = utility[np.arange(3000), head_logits(thetas, embeddings, 2, 0).argmax(axis=-1)].mean(axis=1)
+    assert np.array_equal(fitness(thetas, embeddings, utility, 0), literal)
