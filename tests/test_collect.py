@@ -296,8 +296,10 @@ def test_the_cost_cap_stops_launching_before_the_spend_would_pass_it(tmp_path):
     # 12 calls when none was in flight as the 13th was weighed, 11 when one was (its reservation counts)
     assert result.made in (11, 12) and result.tasks_written == result.made // 6  # t0 (and t1) complete
     assert len(files(cfg)[0].splitlines()) == result.made // 6 == len(files(cfg)[1].splitlines())
-    # The cap covers the journal: resuming under the same cap asks nothing, a higher one finishes.
-    assert collect(config(tmp_path, max_cost_usd=0.25, resume=True), ask=FakeAsker()).made == 0
+    # The cap covers the journal: resuming under the same cap asks only what still fits (nothing after 12
+    # calls; after 11, one more: 0.22 + 0.02 <= 0.25), a higher one finishes.
+    again = collect(config(tmp_path, max_cost_usd=0.25, resume=True), ask=FakeAsker())
+    assert again.made == 12 - result.made and again.total_cost_usd <= 0.25
     final = collect(config(tmp_path, max_cost_usd=1.0, resume=True), ask=FakeAsker())
     assert final.stopped is None and final.tasks_written == 4
     assert collect(config(tmp_path / "zero", max_cost_usd=0), ask=FakeAsker()).made == 0

@@ -337,6 +337,54 @@ def stalled_upstream() -> Iterator[str]:
         yield f"http://{HOST}:{listener.getsockname()[1]}/v1"
 
 
+class ReplayUpstream:
+    """A scripted OpenAI-compatible upstream on 127.0.0.1 (a stdlib HTTP server in a thread): each chat
+    completion is answered with `reply(body)`, the message text for that request's JSON body, and the
+    `usage` given (OpenRouter's billed `cost` included when set), so a test knows every answer, and what
+    it cost, in advance. `requests` records every request body. Used as a replay judge whose canned
+    verdicts make the rewards known, and as agents whose answers are known."""
+
+    def __init__(self, reply: Callable[[dict], str], usage: dict | None = None) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.reply, self.requests = reply, []
+        self.usage = {"prompt_tokens": 10, "completion_tokens": 10} if usage is None else usage
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                owner.requests.append(body)
+                message = {"role": "assistant", "content": owner.reply(body)}
+                answer = {
+                    "id": f"replay-{len(owner.requests)}",
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": owner.usage,
+                }
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((HOST, 0), Handler)
+        self.base_url = f"http://{HOST}:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> ReplayUpstream:
+        import threading
+
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def parse_sse(lines: Iterable[str]) -> tuple[list[dict], bool]:
     """(JSON payloads of the `data:` events, whether a `data: [DONE]` ended the stream). Raises
     ValueError on a line that is neither an event nor blank, or on an event after [DONE]."""

@@ -12,6 +12,11 @@ The definitions, checked against every pilot row: an agent's reward is the share
 correct (an empty answer or an error counts as a wrong answer); `best_agents` are the agents whose
 reward equals the highest, in agent order (all of them when every agent scores 0); `is_tie` is more
 than one best agent. Rows are written as the pilot's were: keys sorted, non-ASCII text as is.
+
+Judged tasks (`grader: "judge"`, collect/judge.py) extend this: each call carries `reward` (the
+judge's rating / 10, 0 for a failed or empty call, None when the judge gave no rating) and `judge`
+(the verdict and what it cost); an agent's reward is the mean over its graded calls, so an ungraded
+call counts neither as right nor as wrong; the rewards row adds `n_ungraded`.
 """
 
 from __future__ import annotations

@@ -490,22 +490,23 @@ def collect(config: CollectConfig, ask: Asker | None = None, judge_ask: JudgeAsk
     tasks without a reference (collect/judge.py); `judge_ask` takes another way to ask it (an async
     function of its `Upstream` and the messages), as `ask` does for the agents."""
     check_config(config)
-    needs_httpx = ask is None or ((config.judge is not None or config.judge_pool is not None) and judge_ask is None)
-    if needs_httpx and importlib.util.find_spec("httpx") is None:
+    judged = config.judge is not None or config.judge_pool is not None
+    if (ask is None or (judged and judge_ask is None)) and importlib.util.find_spec("httpx") is None:
         raise InputError(
             "collect asks the upstreams with httpx, which is missing: pip install 'benchgen-router[collect]'."
         )
+    tasks = read_tasks(str(config.tasks), config.limit, judge=judged)
     pool = read_upstream_pool(config.pool)
     judge = resolve_judge(pool, config.judge, None if config.judge_pool is None else Path(config.judge_pool))
-    tasks = read_tasks(str(config.tasks), config.limit, judge=judge is not None)
     agents = list(pool.agents)
     models = [pool.upstreams[agent].model for agent in agents]
     pool_version = str(config.pool_version) if config.pool_version is not None else pool_digest(agents, models)
     output, rewards = Path(config.output), config.rewards_path
     if output.resolve() == rewards.resolve():
         raise setting_error(f"{{rewards_output}} {rewards} is {{output}} itself; pass another path.")
+    inputs = tuple(Path(path) for path in (config.tasks, config.pool, config.judge_pool) if path is not None)
     for path in (output, rewards):
-        check_output_path(path, (config.tasks, config.pool))
+        check_output_path(path, inputs)
     lock = JournalLock(config.journal_path).acquire()  # a second run on this output asks nothing
     try:
         return _collect_locked(config, tasks, pool, pool_version, agents, models, ask, judge, judge_ask)
