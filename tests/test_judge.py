@@ -23,6 +23,7 @@ from benchgen_router.collect.judge import (
 )
 from benchgen_router.collect.run import STOPPED_AT_COST_CAP
 from benchgen_router.costs import load_cost_data
+from benchgen_router.data import join_rewards
 from benchgen_router.errors import InputError
 from helpers import cli
 from upstream_server import ReplayUpstream
@@ -192,6 +193,9 @@ def test_judged_rewards_are_the_canned_ratings_over_10_and_the_judge_is_priced_b
     # which a routed request never pays), and the judged rewards pass its check against the calls.
     costs = load_cost_data(cfg.output, cfg.rewards_path)
     assert costs.cost_usd.tolist() == [[AGENT_COST] * 3] * 3 and costs.rewards[0].tolist() == [0.8, 0.3, 0.0]
+    # and train's rewards reader joins the judged rows with tasks that have no answer
+    labelled = join_rewards(read_rows(cfg.rewards_path), TASKS, min_rows=1)
+    assert labelled.task_ids == ["open", "guided", "checked"] and labelled.rewards[1].tolist() == [0.8, 0.3, 0.0]
 
 
 def test_a_verdict_without_a_rating_is_asked_again_once_then_left_ungraded_not_wrong(tmp_path, servers):
@@ -273,6 +277,23 @@ def test_resuming_asks_neither_the_agents_nor_the_judge_again(tmp_path, servers)
     assert (again.made, again.judged, len(agents.requests), len(judge.requests)) == (0, 0, 18, 8)
     assert (cfg.output.read_text(), cfg.rewards_path.read_text()) == files
     assert [row["mean_reward"] for row in read_rows(cfg.rewards_path)][:2] == [[0.8, 0.3, 0.0]] * 2
+
+
+def test_a_torn_last_verdict_is_asked_again_and_a_damaged_one_is_named(tmp_path, servers):
+    agents, judge = servers
+    write_jsonl(tmp_path / "tasks.jsonl", TASKS[:1])
+    cfg = settings(tmp_path, agents, judge, repetitions=1, concurrency=1)
+    collect(cfg)
+    lines = cfg.journal_path.read_text().splitlines(keepends=True)
+    assert [("verdict" in json.loads(line)) for line in lines[1:]] == [False, True, False, True, False]
+    cfg.journal_path.write_text("".join(lines[:-2]) + lines[-2][:25])  # the last verdict torn mid-line
+    resumed = collect(settings(tmp_path, agents, judge, repetitions=1, concurrency=1, resume=True))
+    assert (resumed.made, resumed.judged, len(agents.requests), len(judge.requests)) == (1, 1, 4, 3)
+    damaged = cfg.journal_path.read_text().splitlines(keepends=True)
+    damaged[2] = damaged[2].replace('"rating": 8', '"rating": 80')
+    cfg.journal_path.write_text("".join(damaged))
+    with pytest.raises(InputError, match=r"line 3 is damaged; remove that line to resume\.$"):
+        collect(settings(tmp_path, agents, judge, repetitions=1, resume=True))
 
 
 def test_answers_journaled_before_the_judge_are_judged_on_resume_without_asking_again(tmp_path, servers):
