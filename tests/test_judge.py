@@ -308,6 +308,16 @@ def test_answers_journaled_before_the_judge_are_judged_on_resume_without_asking_
     assert (second.made, len(agents.requests), second.judged, len(judge.requests)) == (0, 12, 8, 8)
 
 
+def test_resuming_with_another_judge_is_refused(tmp_path, servers):
+    agents, judge = servers
+    write_jsonl(tmp_path / "tasks.jsonl", TASKS[:1])
+    collect(settings(tmp_path, agents, judge, repetitions=1))
+    asked = len(agents.requests)
+    with pytest.raises(InputError, match=r"holds verdicts of judge 'judge' \(m-judge\), not of 'a' \(m-a\); resume"):
+        collect(settings(tmp_path, agents, None, judge="a", repetitions=1, resume=True))
+    assert len(agents.requests) == asked
+
+
 def test_the_cost_cap_counts_the_judges_calls(tmp_path, servers):
     agents, judge = servers
     cap = 0.1  # the whole run costs 18 x 0.01 + 8 x 0.001 = 0.188 USD
