@@ -55,3 +55,22 @@ def test_heads_over_a_grid_are_the_single_searches():
     for tradeoff, head in zip(GRID, heads, strict=True):
         assert head.name == tradeoff.name
         assert np.array_equal(head.theta, fr.run_search(embeddings, tradeoff.utility(data), FAST)[0])
+
+
+def test_knn_points_are_each_trade_offs_own_vote_per_fold():
+    """The neighbours are found once per fold for every trade-off: each kNN point still routes as
+    knn_picks on that fold's rows and that trade-off's utility."""
+    embeddings, data = noisy(rows=45)
+    result = fr.cross_validate_frontier(
+        embeddings, data, GRID, folds=3, repeats=2, seed=4, search_kwargs=FAST, knn_ks=(1, 4)
+    )
+    assignment = fr.fold_assignments(45, 3, 2, seed=4)
+    for k in (1, 4):
+        for tradeoff in GRID:
+            expected = np.zeros((2, 45), dtype=int)
+            utility = tradeoff.utility(data)
+            for repeat in range(2):
+                for fold in range(3):
+                    test = assignment[repeat] == fold
+                    expected[repeat, test] = fr.knn_picks(embeddings[~test], utility[~test], embeddings[test], k)
+            assert np.array_equal(result.choices[f"knn{k} {tradeoff.name}"], np.eye(3)[expected])

@@ -134,6 +134,13 @@ def knn_picks(
     train_embeddings: np.ndarray, train_utility: np.ndarray, test_embeddings: np.ndarray, k: int
 ) -> np.ndarray:
     """Per test row, argmax of the mean utility row of its k most cosine-similar training rows."""
+    return knn_vote(train_utility, nearest_rows(train_embeddings, test_embeddings, k))
+
+
+def nearest_rows(train_embeddings: np.ndarray, test_embeddings: np.ndarray, k: int) -> np.ndarray:
+    """(test, k) indices of each test row's k most cosine-similar training rows, most similar first
+    (ties: the lower index first). Independent of the utility, so one fold computes it once for
+    every trade-off."""
 
     def normalise(x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
@@ -141,7 +148,11 @@ def knn_picks(
 
     similarity = normalise(test_embeddings) @ normalise(train_embeddings).T  # (test, train)
     k = min(k, len(train_embeddings))
-    nearest = np.argsort(-similarity, axis=1, kind="stable")[:, :k]
+    return np.argsort(-similarity, axis=1, kind="stable")[:, :k]
+
+
+def knn_vote(train_utility: np.ndarray, nearest: np.ndarray) -> np.ndarray:
+    """Per test row, the agent of the highest mean utility over its nearest training rows."""
     return train_utility[nearest].mean(axis=1).argmax(axis=1)
 
 
@@ -219,6 +230,7 @@ def cross_validate_frontier(
                 test = assignment[repeat] == fold
                 train = ~test
                 fixed_train[repeat, test] = best_fixed_agent(data.rewards[train], data.cost_per_1k[train])
+                nearest = {k: nearest_rows(embeddings[train], embeddings[test], k) for k in knn_ks}
                 if searcher is None:  # the package's search: the whole grid in lockstep, one pass over the rows
                     found = run_searches(embeddings[train], [utilities[t][train] for t in grid], settings)
                     thetas = {tradeoff: theta for tradeoff, (theta, _) in zip(grid, found, strict=True)}
@@ -229,9 +241,7 @@ def cross_validate_frontier(
                     for form, vectors in forms.items():
                         in_form[form, tradeoff][repeat, test] = head_picks(theta, vectors[test], agents, hidden_dim)
                     for k in knn_ks:
-                        knn[k, tradeoff][repeat, test] = knn_picks(
-                            embeddings[train], utility[train], embeddings[test], k
-                        )
+                        knn[k, tradeoff][repeat, test] = knn_vote(utility[train], nearest[k])
                     bar.update()
     extra = {
         f"{_router_name(tradeoff)} [{form}]": ("router_form", _one_hot(picks, agents))
