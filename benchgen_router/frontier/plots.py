@@ -219,7 +219,7 @@ def plot_gap_panels(
     panels: Sequence[tuple[str, Sequence[GapLine]]], png: str | Path, xlabel: str, ylabel: str, title: str = ""
 ) -> None:
     """Gap-recovered curves (frontier.gap), one panel per (title, lines) side by side: random, a
-    straight line, in gray dashes and the oracle in green, as routellm/evals draws its baselines."""
+    straight line, in gray dashes and the oracle dotted in black; each router its own colour."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: the plots are only written to files
@@ -227,9 +227,10 @@ def plot_gap_panels(
 
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), dpi=110, squeeze=False)
     for ax, (panel_title, lines) in zip(axes[0], panels, strict=True):
+        routers = iter(("tab:blue", "tab:orange", "tab:purple", "tab:red", "tab:brown", "tab:pink", "tab:olive"))
         for label, xs, ys in lines:
-            style = {"random": ("--", "gray"), "oracle": ("-", "tab:green")}.get(label, ("-", None))
-            ax.plot(xs, ys, style[0], color=style[1], lw=1.4, label=label)
+            style, color = {"random": ("--", "gray"), "oracle": (":", "black")}.get(label, ("-", None))
+            ax.plot(xs, ys, style, color=color or next(routers, None), lw=1.4, label=label)
         ax.set_title(panel_title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
