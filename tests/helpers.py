@@ -285,3 +285,40 @@ def pilot_data(rewards_file: str):
 
     rewards = load_rows(str(PILOT / rewards_file), "rewards")
     return join_rewards(rewards, load_rows(str(PILOT / "tasks.v1.jsonl"), "tasks"))
+
+
+def train_probability_router(folder: Path, backbone: Path | str, count: int = 120, seed: int = 11) -> tuple[Path, list]:
+    """(exported router, its prompts): `train --head-kind probability` over AGENTS, where frontier_a
+    answers every query, open_cheap_reasoning only the short sums (every other query), the rest none;
+    each agent's calls cost its own price, so the trade-off rules pick differently."""
+    prices = {
+        "frontier_a": 2e-3,
+        "frontier_b": 3e-3,
+        "frontier_c": 1e-3,
+        "open_mid": 1e-4,
+        "open_cheap_reasoning": 2e-4,
+    }
+    rng = np.random.default_rng(seed)
+    long = make_queries(count, seed=seed)
+    prompts = [f"What is {rng.integers(2, 99)} plus {rng.integers(2, 99)}?" if i % 2 else long[i] for i in range(count)]
+    rewards, tasks, calls = [], [], []
+    for i, prompt in enumerate(prompts):
+        split = "test" if i % 5 == 0 else "train"
+        records = [
+            call_record(agent, agent == "frontier_a" or (agent == "open_cheap_reasoning" and i % 2 == 1), prices[agent])
+            for agent in AGENTS
+        ]
+        calls.append(calls_row(f"t{i}", AGENTS, records))
+        rewards.append(
+            {"task_id": f"t{i}", "agent_order": AGENTS, "split": split, "mean_reward": calls[-1]["mean_reward"]}
+        )
+        tasks.append({"task_id": f"t{i}", "prompt": prompt, "split": split})
+    args = [
+        "--rewards", write_jsonl(folder / "r.jsonl", rewards), "--tasks", write_jsonl(folder / "t.jsonl", tasks),
+        "--calls", write_jsonl(folder / "calls.jsonl", calls), "--backbone", backbone, "--head-kind", "probability",
+        "--no-ood-guard", "--no-progress", "--cache-dir", folder / "cache", "--output-dir", folder / "out",
+        "--export", folder / "router", "--query-format", "none",
+    ]  # fmt: skip
+    result = run_tool("train", *args)
+    assert result.returncode == 0, result.stderr
+    return folder / "router", prompts

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import AGENTS
+from helpers import AGENTS, train_probability_router
 
 pytest.importorskip("ray.serve")
 from starlette.requests import Request
@@ -38,6 +38,7 @@ from benchgen_router.serving.replica import (
     operating_points_of,
     pool_for_router,
     request_point,
+    route_items,
 )
 from benchgen_router.serving.service import check_cpus, check_port_free, check_reachable
 from configuration_router import RouterConfig
@@ -52,10 +53,11 @@ def problem_of(body: object, max_queries: int = 4) -> tuple[int, str]:
     return caught.value.status, str(caught.value)
 
 
-def test_a_good_body_gives_its_queries_and_point():
+def test_a_good_body_gives_its_queries_point_and_tradeoff():
     body = json.dumps({"queries": ["a question?"], "operating_point": "fast"}).encode()
-    assert parse_route_body(body, 4) == (["a question?"], "fast")
-    assert parse_route_body(b'{"queries": ["q"]}', 4) == (["q"], None)
+    assert parse_route_body(body, 4) == (["a question?"], "fast", None)
+    assert parse_route_body(b'{"queries": ["q"]}', 4) == (["q"], None, None)
+    assert parse_route_body(b'{"queries": ["q"], "tradeoff": "budget=0.3"}', 4) == (["q"], None, "budget=0.3")
 
 
 @pytest.mark.parametrize(
@@ -109,7 +111,7 @@ def test_errors_become_answers_in_one_place():
 
 def loaded_service(config: RouterConfig, max_waiting_queries: int = 8) -> tuple[object, ServedRouter]:
     """A RouterService as Ray Serve builds it, without Ray: its methods, a router config, a merger that
-    answers each query with its text and point (None for text that tokenizes to nothing)."""
+    answers each query with its text, point and trade-off (None for text that tokenizes to nothing)."""
     service = object.__new__(RouterService.func_or_class)
     loaded = ServedRouter({"name": "default", "revision": "r"}, router=SimpleNamespace(config=config))
     loaded.default_point = "quality"
@@ -118,7 +120,10 @@ def loaded_service(config: RouterConfig, max_waiting_queries: int = 8) -> tuple[
         queued = 0
 
         async def submit(self, items: list) -> list:
-            return [None if text == "\u200b" else {"text": text, "point": point} for text, point in items]
+            return [
+                None if text == "\u200b" else {"text": text, "point": point, "tradeoff": tradeoff}
+                for text, point, tradeoff in items
+            ]
 
     service.merger, service.max_waiting_queries = Merger(), max_waiting_queries
     return service, loaded
@@ -127,7 +132,7 @@ def loaded_service(config: RouterConfig, max_waiting_queries: int = 8) -> tuple[
 def test_refusals_are_the_librarys_errors_answered_with_a_422():
     config = RouterConfig(id2label=dict(enumerate(AGENTS)), operating_points=POINTS, operating_point="quality")
     service, loaded = loaded_service(config)
-    assert asyncio.run(service.scored(loaded, ["q"], None)) == [{"text": "q", "point": "quality"}]
+    assert asyncio.run(service.scored(loaded, ["q"], None)) == [{"text": "q", "point": "quality", "tradeoff": None}]
     assert asyncio.run(service.scored(loaded, ["q"], "fast"))[0]["point"] == "fast"
     for queries, point, kind, words in (
         (["q"], "cheap", InputError, "'cheap' is not one of this router's"),
@@ -137,6 +142,75 @@ def test_refusals_are_the_librarys_errors_answered_with_a_422():
         with pytest.raises(kind, match=words) as refused:
             asyncio.run(service.scored(loaded, queries, point))
         assert answer_of(refused.value)[0] == 422
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, backbone_dir) -> tuple:
+    """(exported probability-head router, its training prompts)."""
+    return train_probability_router(tmp_path_factory.mktemp("probability-router"), backbone_dir)
+
+
+TRADEOFFS = ("budget=0.3@frontier_a", "tolerance=0.05", "lambda=0.5", "usd-per-1k=1.0", None)
+
+
+def test_requests_at_different_tradeoffs_share_one_run_and_pick_as_pick_agent(trained):
+    """A probability head in a replica: requests each at its own trade-off, waiting together, are scored
+    in one model run by the real merger, and each gets pick_agent's decision under its rule."""
+    from benchgen_router.loading import load_router
+    from benchgen_router.routing import pick_agent
+
+    router_path, prompts = trained
+    queries = prompts[40:48]
+    router, tokenizer = load_router(str(router_path))
+    runs = []
+
+    def counted(items: list) -> list:
+        runs.append(len(items))
+        return route_items(router, tokenizer, items)
+
+    service = object.__new__(RouterService.func_or_class)
+    loaded = ServedRouter({"name": str(router_path), "revision": "r"}, router=router, tokenizer=tokenizer)
+    with ThreadPoolExecutor(1) as executor:
+        service.merger, service.max_waiting_queries = BatchMerger(counted, executor, 64), 1024
+
+        async def together() -> list:
+            return await asyncio.gather(*(service.scored(loaded, queries, None, rule) for rule in TRADEOFFS))
+
+        answers = asyncio.run(together())
+    assert runs == [len(queries) * len(TRADEOFFS)]  # one backbone run for all five requests
+    for rule, results in zip(TRADEOFFS, answers, strict=True):
+        expected = pick_agent(queries, model=str(router_path), tradeoff=rule)
+        assert [r["picked_agent"] for r in results] == [e["picked_agent"] for e in expected], rule
+        assert [r["tradeoff"] for r in results] == [e["tradeoff"] for e in expected]
+        for result, reference in zip(results, expected, strict=True):
+            assert result["probabilities"] == pytest.approx(reference["probabilities"], abs=1e-5)
+    picks = {rule: tuple(r["picked_agent"] for r in results) for rule, results in zip(TRADEOFFS, answers, strict=True)}
+    assert len(set(picks.values())) > 1, picks  # the rules do decide differently on these queries
+
+
+def test_a_bad_tradeoff_is_a_400_with_one_line(trained):
+    from benchgen_router.loading import load_router
+
+    router, tokenizer = load_router(str(trained[0]))
+    service, _ = loaded_service(RouterConfig(id2label=dict(enumerate(AGENTS))))
+    loaded = ServedRouter({"name": "p", "revision": "r"}, router=router, tokenizer=tokenizer)
+    for bad, words in (
+        ("budget=30%", "tolerance=T"),
+        ("speed=1", "tolerance=T"),
+        ("budget=0.3@nobody", "tolerance=T"),
+        ("lambda=-1", "tolerance=T"),
+        (3, '"tradeoff" is int'),
+    ):
+        with pytest.raises(RequestError, match=words) as refused:
+            asyncio.run(service.scored(loaded, ["q"], None, bad))
+        status, body = answer_of(refused.value)
+        assert status == 400 and set(body) == {"error"} and "\n" not in body["error"], body
+    cmaes_service, cmaes = loaded_service(
+        RouterConfig(id2label=dict(enumerate(AGENTS)), operating_points=POINTS, operating_point="quality")
+    )
+    with pytest.raises(RequestError, match="needs a probability head") as refused:
+        asyncio.run(cmaes_service.scored(cmaes, ["q"], None, "budget=0.3"))
+    assert answer_of(refused.value)[0] == 400
 
 
 def test_a_full_queue_is_a_503_at_once_and_room_is_taken_again():

@@ -34,6 +34,7 @@ from benchgen_router.serving.gateway import (
     GatewayError,
     GatewaySettings,
     Plan,
+    chosen_tradeoff,
     model_entry,
     model_names,
     off_loop,
@@ -50,6 +51,7 @@ from benchgen_router.serving.replica import (
     check_scorable,
     load_served_router,
     request_point,
+    request_tradeoff,
     route_items,
     set_torch_threads,
 )
@@ -91,15 +93,29 @@ class RouteRequest(BaseModel):
         "Absent or null: the service's default (marked there). A router with one head refuses it (422).",
         examples=["quality"],
     )
+    tradeoff: str | None = Field(
+        None,
+        description="For a router with a probability head: the rule that picks the agent from each agent's "
+        "probability of answering well, tolerance=T, lambda=L, budget=X, budget=X@AGENT or usd-per-1k=Y "
+        "(docs/tradeoff.md). Absent or null: the most likely agent. A bad spelling, or a router without a "
+        "probability head, is a 400.",
+        examples=["budget=0.3"],
+    )
 
 
 class RouteResult(BaseModel):
     picked_agent: str = Field(description="The agent that should answer (argmax of the logits).")
     agent_index: int = Field(description="Its position in the pool.")
-    probabilities: dict[str, float] = Field(description="Softmax of the logits, by agent id, pool order.")
+    probabilities: dict[str, float] = Field(
+        description="Softmax of the logits, by agent id, pool order (a probability head: each agent's own "
+        "probability of answering well, which need not sum to 1)."
+    )
     logits: dict[str, float] = Field(description="The head's raw score of each agent, pool order.")
     operating_point: str | None = Field(
         None, description="Routers with operating points: the point whose head scored this query."
+    )
+    tradeoff: str | None = Field(
+        None, description="Routers with a probability head: the rule that picked this query's agent."
     )
     out_of_distribution: bool | None = Field(
         None, description="Routers with a guard: the query is unlike the training distribution."
@@ -180,7 +196,7 @@ api = FastAPI(
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": description}
     for status, description in (
-        (400, "The body is not a JSON object."),
+        (400, "The body is not a JSON object, or its tradeoff is not a rule this router has."),
         (408, "The body did not arrive in time."),
         (413, "More queries or bytes than the service's per-request limits."),
         (422, "No queries, a query that is not text or that the router cannot score, or an unknown operating point."),
@@ -265,9 +281,9 @@ async def read_body(request: Request, max_request_bytes: int, timeout_s: float =
     return b"".join(chunks)
 
 
-def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any]:
-    # The body's shape only: its "operating_point" is returned as sent, checked against the router's
-    # points once it is loaded.
+def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any, Any]:
+    # The body's shape only: its "operating_point" and "tradeoff" are returned as sent, checked against
+    # the router once it is loaded.
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, absurd nesting
@@ -292,7 +308,7 @@ def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any]:
         problem = text_problem(query, f"query {position}")
         if problem:
             raise RequestError(422, f"{problem}; a router cannot score it.")
-    return queries, payload.get("operating_point")
+    return queries, payload.get("operating_point"), payload.get("tradeoff")
 
 
 @ray_serve.deployment(name=SERVICE_NAME)
@@ -361,9 +377,16 @@ class RouterService:
             raise RequestError(503, self.loaded.problem)
         return self.loaded
 
-    async def scored(self, loaded: ServedRouter, queries: list[str], asked_point: Any) -> list[dict[str, Any]]:
-        """pick_agent's result for each query, merged with the other requests' queries into few model runs."""
+    async def scored(
+        self, loaded: ServedRouter, queries: list[str], asked_point: Any, asked_tradeoff: Any = None
+    ) -> list[dict[str, Any]]:
+        """pick_agent's result for each query, merged with the other requests' queries (at any point and
+        trade-off) into few model runs."""
         point = loaded.default_point if asked_point is None else request_point(loaded.router, asked_point)
+        try:
+            tradeoff = request_tradeoff(loaded.router, asked_tradeoff)
+        except InputError as refused:  # a rule is chosen by the client, so a bad one is a bad request
+            raise RequestError(400, first_line(refused)) from None
         assert self.merger is not None  # made by ready()
         if self.merger.queued + len(queries) > self.max_waiting_queries:
             raise RequestError(
@@ -371,7 +394,7 @@ class RouterService:
                 f"the router has {self.merger.queued} queries waiting, its limit is {self.max_waiting_queries}; "
                 "retry shortly.",
             )
-        outcomes = await self.merger.submit([(query, point) for query in queries])
+        outcomes = await self.merger.submit([(query, point, tradeoff) for query in queries])
         check_scorable(outcomes)
         return outcomes
 
@@ -396,8 +419,8 @@ class RouterService:
         try:
             loaded = await self.ready()
             body = await read_body(request, self.max_request_bytes)
-            queries, asked = parse_route_body(body, self.max_queries)
-            results = await self.scored(loaded, queries, asked)
+            queries, asked_point, asked_tradeoff = parse_route_body(body, self.max_queries)
+            results = await self.scored(loaded, queries, asked_point, asked_tradeoff)
         except Exception as err:  # counted here, answered by the error handler
             self.count_refusal(err)
             raise
@@ -447,7 +470,7 @@ class RouterService:
     @api.post(
         "/v1/chat/completions",
         response_model=None,
-        summary="OpenAI chat completions: routed (model benchgen-router[:point]) or passed to the agent named",
+        summary="OpenAI chat completions: routed (model benchgen-router[:point or :rule]) or passed to the agent named",
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -483,9 +506,15 @@ class RouterService:
         target = parse_model(payload.get("model"), gateway.settings.upstreams, loaded.point_names)
         if target.upstream is not None:
             return await gateway.forward(payload, Plan(attempts=(target.upstream,), routed=False), big)
+        tradeoff = chosen_tradeoff(target, payload)
+        try:
+            request_tradeoff(loaded.router, tradeoff)
+        except InputError as refused:
+            where = "model" if target.tradeoff is not None else "tradeoff"
+            raise GatewayError(400, first_line(refused), param=where) from None
         text = routing_text(payload.get("messages"), gateway.settings.route_on)
         try:
-            (result,) = await self.scored(loaded, [text], target.point)
+            (result,) = await self.scored(loaded, [text], target.point, tradeoff)
         except RouterError as refusal:  # e.g. text the router's tokenizer reduces to nothing
             if isinstance(refusal, RequestError):
                 raise

@@ -3,6 +3,7 @@ to that agent's upstream, and the answer with the decision in its headers.
 
     {"model": "benchgen-router", "messages": [...]}        routed at the service's default operating point
     {"model": "benchgen-router:fast", "messages": [...]}   routed at the operating point "fast"
+    {"model": "benchgen-router:budget=0.3", ...}          a probability head, under that trade-off rule
     {"model": "<agent id or slug>", "messages": [...]}     passed straight to that agent, unrouted
 
 The routes themselves are the service's deployment's (serving/app.py), which relays in the process that scores.
@@ -115,10 +116,12 @@ def check_gateway_settings(route_on: str, fallback_agent: str | None, timeout_s:
 @dataclass(frozen=True)
 class Target:
     """A model name resolved: an agent to call as asked (pass-through), or routing at `point`
-    (None: the service's default point)."""
+    (None: the service's default point) under `tradeoff` (a probability head's rule, docs/tradeoff.md;
+    None: its default)."""
 
     upstream: Upstream | None = None
     point: str | None = None
+    tradeoff: str | None = None
 
 
 def parse_model(name: Any, upstreams: UpstreamPool, points: Sequence[str]) -> Target:
@@ -130,6 +133,8 @@ def parse_model(name: Any, upstreams: UpstreamPool, points: Sequence[str]) -> Ta
         return Target()
     if name.startswith(f"{ROUTER_MODEL}:"):
         point = name.split(":", 1)[1]
+        if "=" in point:  # a trade-off rule (budget=0.3); operating point names never hold "="
+            return Target(tradeoff=point)
         if point not in points:
             choices = (
                 f"send one of {', '.join(f'{ROUTER_MODEL}:{p}' for p in points)}"
@@ -144,12 +149,29 @@ def parse_model(name: Any, upstreams: UpstreamPool, points: Sequence[str]) -> Ta
     if upstream is None:
         raise GatewayError(
             404,
-            f"the model {name!r} does not exist here; send {ROUTER_MODEL}, {ROUTER_MODEL}:<operating point> or an "
-            "agent of GET /v1/models.",
+            f"the model {name!r} does not exist here; send {ROUTER_MODEL}, {ROUTER_MODEL}:<operating point>, "
+            f"{ROUTER_MODEL}:<trade-off rule> or an agent of GET /v1/models.",
             code="model_not_found",
             param="model",
         )
     return Target(upstream=upstream)
+
+
+def chosen_tradeoff(target: Target, payload: Mapping[str, Any]) -> str | None:
+    """The trade-off a routed request asks for: from its model name or its "tradeoff" field (both only
+    when they agree); its spelling is checked against the router afterwards."""
+    field = payload.get("tradeoff")
+    if field is not None and not isinstance(field, str):
+        raise GatewayError(
+            400, f'"tradeoff" is {type(field).__name__}, not a rule; send e.g. "budget=0.3".', param="tradeoff"
+        )
+    if field is not None and target.tradeoff is not None and field != target.tradeoff:
+        raise GatewayError(
+            400,
+            f'the model name asks for the trade-off {target.tradeoff!r} and "tradeoff" for {field!r}; send one.',
+            param="tradeoff",
+        )
+    return target.tradeoff if target.tradeoff is not None else field
 
 
 def content_text(content: Any) -> str:
@@ -254,6 +276,8 @@ def routed_plan(
     decision = {"x-benchgen-out-of-distribution": "true" if result.get("out_of_distribution") else "false"}
     if result.get("operating_point") is not None:
         decision["x-benchgen-operating-point"] = result["operating_point"]
+    if result.get("tradeoff") is not None:  # a probability head: the rule it decided under
+        decision["x-benchgen-tradeoff"] = result["tradeoff"]
     attempts = (picked,) if retry is None else (picked, upstreams.upstreams[retry])
     return Plan(attempts=attempts, routed=True, decision=decision)
 
@@ -455,8 +479,9 @@ class Gateway:
 
 
 def encode_body(payload: dict[str, Any], model: str) -> bytes:
-    """The request as the client sent it, but for `model`, the upstream's own name (in place: key order kept)."""
-    return json.dumps({**payload, "model": model}).encode()
+    """The request as the client sent it, but for `model`, the upstream's own name (in place: key order kept),
+    and without the router's own "tradeoff" field, which no upstream knows."""
+    return json.dumps({key: value for key, value in {**payload, "model": model}.items() if key != "tradeoff"}).encode()
 
 
 class UpstreamStream(StreamingResponse):

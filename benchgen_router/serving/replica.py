@@ -17,7 +17,7 @@ from typing import Any
 
 from benchgen_router.errors import InputError, RouterTypeError, first_line
 from benchgen_router.loading import load_router
-from benchgen_router.routing import EMPTY_QUERY, operating_point_of, route_results
+from benchgen_router.routing import EMPTY_QUERY, operating_point_of, route_results, tradeoff_of
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -26,10 +26,19 @@ logger = logging.getLogger("benchgen_router.serving")
 DEFAULT_REPLICA_CPUS = 1
 
 
-def route_items(router: Any, tokenizer: Any, items: Sequence[tuple[str, str | None]]) -> list[dict[str, Any] | None]:
-    """route_results() of (text, operating point) pairs, the points checked beforehand; None: the text
-    tokenizes to nothing. A merged batch mixes requests at different points: one backbone run."""
-    return route_results(router, tokenizer, [text for text, _ in items], operating_points=[point for _, point in items])
+def route_items(
+    router: Any, tokenizer: Any, items: Sequence[tuple[str, str | None] | tuple[str, str | None, str | None]]
+) -> list[dict[str, Any] | None]:
+    """route_results() of (text, operating point[, trade-off]) items, points and trade-offs checked
+    beforehand (a pair: the router's default decision); None: the text tokenizes to nothing. A merged
+    batch mixes requests at different points and trade-offs: one backbone run."""
+    return route_results(
+        router,
+        tokenizer,
+        [item[0] for item in items],
+        operating_points=[item[1] for item in items],
+        tradeoffs=[item[2] if len(item) > 2 else None for item in items],
+    )
 
 
 def router_identity(router: Any, model: str | None, revision: str | None) -> dict[str, str | None]:
@@ -142,6 +151,14 @@ def request_point(router: Any, value: Any) -> str | None:
             f'"operating_point" is {type(value).__name__}, not a name; send one of {", ".join(sorted(points))}.'
         )
     return operating_point_of(router, value)
+
+
+def request_tradeoff(router: Any, value: Any) -> str | None:
+    """The trade-off rule a request names (None: the router's default decision), or InputError: not a
+    string, a spelling no rule has, or a router without a probability head."""
+    if value is not None and not isinstance(value, str):
+        raise InputError(f'"tradeoff" is {type(value).__name__}, not a rule; send e.g. "budget=0.3".')
+    return tradeoff_of(router, value)
 
 
 def check_scorable(outcomes: Sequence[dict[str, Any] | None]) -> None:
