@@ -21,7 +21,7 @@ from types import MethodType, SimpleNamespace
 
 import pytest
 
-from helpers import convert_release, make_queries, run_tool, write_operating_release
+from helpers import convert_release, make_queries, run_tool, train_probability_router, write_operating_release
 from scripts.gateway_overhead import HeldUpstream
 from upstream_server import parse_sse
 
@@ -44,7 +44,10 @@ from benchgen_router.serving.gateway import (  # noqa: E402
     GatewaySettings,
     Plan,
     StreamUsage,
+    Target,
+    chosen_tradeoff,
     cost_headers,
+    encode_body,
     names_upstreams,
     parse_model,
     retry_agent,
@@ -101,6 +104,22 @@ def test_model_names_route_at_a_point_or_pass_to_an_agent():
     assert (unknown.status, unknown.code, unknown.param) == (404, "model_not_found", "model")
     for missing in (None, "", 3):
         assert gateway_error(parse_model, missing, POOL, []).status == 400
+
+
+def test_a_model_suffix_with_an_equals_sign_is_a_tradeoff_and_the_body_field_must_agree():
+    assert parse_model("benchgen-router:budget=0.3", POOL, ["fast"]) == Target(tradeoff="budget=0.3")
+    assert parse_model("benchgen-router:usd-per-1k=2.5", POOL, []) == Target(tradeoff="usd-per-1k=2.5")
+    assert parse_model("benchgen-router:fast", POOL, ["fast"]) == Target(point="fast")  # no "=": a point
+    assert chosen_tradeoff(Target(tradeoff="budget=0.3"), {}) == "budget=0.3"
+    assert chosen_tradeoff(Target(), {"tradeoff": "lambda=1"}) == "lambda=1"
+    assert chosen_tradeoff(Target(tradeoff="lambda=1"), {"tradeoff": "lambda=1"}) == "lambda=1"
+    assert chosen_tradeoff(Target(), {}) is None
+    both = gateway_error(chosen_tradeoff, Target(tradeoff="budget=0.3"), {"tradeoff": "budget=0.5"})
+    assert (both.status, both.param) == (400, "tradeoff") and "send one" in str(both)
+    assert gateway_error(chosen_tradeoff, Target(), {"tradeoff": 0.3}).status == 400
+    # The router's own field never reaches an upstream, which would refuse it.
+    body = json.loads(encode_body({"model": "benchgen-router", "tradeoff": "lambda=1", "messages": []}, "served"))
+    assert body == {"model": "served", "messages": []}
 
 
 def test_the_text_routed_on_is_the_last_user_message_or_the_conversation():
@@ -761,3 +780,64 @@ def test_a_bad_pool_is_refused_at_start_one_line_per_problem(router_dir, tmp_pat
     assert result.stderr.strip().splitlines() == [
         "error: --gateway-fallback nobody is not an agent of the pool; pass one of alpha, beta."
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# A probability head: the trade-off chosen per request (docs/tradeoff.md)
+
+PROBABILITY_AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
+
+
+@pytest.fixture(scope="module")
+def probability_service(service, upstreams, backbone_dir, tmp_path_factory):
+    """The module's application replaced, on the same Ray and port, by a probability-head router over five
+    agents, all answered by the first upstream (the x-benchgen-agent header tells them apart)."""
+    from benchgen_router.serving import serve
+
+    folder = tmp_path_factory.mktemp("probability")
+    router, prompts = train_probability_router(folder, backbone_dir)
+    pool = folder / "agents.json"
+    server = upstreams[0]
+    agents = [{"agent_id": agent, "base_url": server.base_url, "model": server.model} for agent in PROBABILITY_AGENTS]
+    pool.write_text(json.dumps({"api_key_env": KEY_ENV, "agents": agents}))
+    running = serve(str(router), port=int(service.url.rsplit(":", 1)[1]), pool_file=pool, blocking=False)
+    try:
+        yield running, router, prompts
+    finally:
+        running.close()
+
+
+@pytest.mark.slow
+def test_a_tradeoff_in_the_model_name_or_body_routes_as_pick_agent_does(probability_service):
+    from benchgen_router.routing import pick_agent
+
+    running, router, prompts = probability_service
+    queries = prompts[40:46]
+    decided = {}
+    for rule in ("budget=0.3@frontier_a", "usd-per-1k=1.0", "tolerance=0.05"):
+        expected = [result["picked_agent"] for result in pick_agent(queries, model=str(router), tradeoff=rule)]
+        decided[rule] = expected
+        assert routed_picks(running.url, queries, tradeoff=rule) == expected, rule
+        for query, pick in zip(queries, expected, strict=True):
+            for response in (
+                chat(running.url, f"benchgen-router:{rule}", query, max_tokens=2),
+                chat(running.url, "benchgen-router", query, max_tokens=2, tradeoff=rule),
+            ):
+                assert response.status_code == 200, response.text
+                assert response.headers["x-benchgen-agent"] == pick
+                assert response.headers["x-benchgen-tradeoff"] == rule
+    assert len({tuple(picks) for picks in decided.values()}) > 1, decided  # the rules decide differently here
+
+
+@pytest.mark.slow
+def test_a_bad_tradeoff_is_a_400_with_one_line_on_both_routes(probability_service):
+    running, _, prompts = probability_service
+    with client() as http:
+        refused = http.post(f"{running.url}/v1/route", json={"queries": prompts[:2], "tradeoff": "budget=30%"})
+    assert refused.status_code == 400 and set(refused.json()) == {"error"}, refused.text
+    assert "tolerance=T" in refused.json()["error"] and "\n" not in refused.json()["error"]
+    error = is_openai_error(chat(running.url, "benchgen-router:budget=2", prompts[0]), 400)
+    assert error["param"] == "model" and "tolerance=T" in error["message"]
+    error = is_openai_error(chat(running.url, "benchgen-router:budget=0.3", prompts[0], tradeoff="lambda=1"), 400)
+    assert error["param"] == "tradeoff"
+    assert http_ok(running.url + "/healthz")  # and it keeps serving
