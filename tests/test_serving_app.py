@@ -1,6 +1,7 @@
 """The service's parts without a running Ray: request checks and body reading (serving.app) over
 Starlette's real Request and the ASGI protocol, errors as HTTP answers, /healthz while the router
-loads, the batch merger and its bound, operating-point checks (serving.replica), the start-up checks
+loads, the batch merger and its bound, operating-point and trade-off checks (serving.replica), requests
+under different trade-offs scored by a real probability head in one run, the start-up checks
 (serving.service), and how a private Ray's processes are started (serving.local_ray). The service
 itself, on a real Ray Serve, is tested in test_serving.py, test_serving_load.py and test_serving_stop.py."""
 

@@ -5,7 +5,8 @@ upstreams (tests/upstream_server.py): routed, streamed and passed-through comple
 and costs, /v1/models, bad requests, 100 concurrent requests, metrics; then, with one agent's upstream
 stalled (HeldUpstream, scripts/gateway_overhead.py) and the other real, retries on the fallback, a client
 that disconnects, /v1/route beside held streams, a 502 without the key in its body or in any log, every
-agent down; and a bad pool refused at start, one line per problem.
+agent down; a bad pool refused at start, one line per problem; and, with a probability head in place
+of the router, trade-offs in the model name or body routed as pick_agent routes them.
 
 A tiny router over two agents (alpha, beta, three operating points) is converted at test time; one Ray
 and port serve the module, the stalled pool's application replacing the first after its tests."""
