@@ -151,14 +151,15 @@ def task_rows(servers) -> list[dict]:
     prompts = make_queries(12, seed=5)
     rows = []
     for i, (prompt, content) in enumerate(zip(prompts, answers_of(servers[0], prompts), strict=True)):
-        numeric = i % 2 == 0
-        extracted = grade("numeric_match" if numeric else "exact_match_ci", content, "0").extracted
+        extracted = grade("numeric_match", content, "0").extracted if i % 2 == 0 else None
+        # a numeric key only where a0's answer reads as one value: an answer naming several is a hedge, graded wrong
+        numeric = bool(extracted) and grade("numeric_match", content, extracted).correct
         rows.append(
             {
                 "task_id": f"t{i:02d}",
                 "prompt": prompt,
-                "answer": extracted if numeric and extracted else content,
-                "grader": "numeric_match" if numeric and extracted else "exact_match_ci",
+                "answer": extracted if numeric else content,
+                "grader": "numeric_match" if numeric else "exact_match_ci",
                 "split": "test" if i >= 9 else "train",
                 "domain": "toy",
                 "difficulty": "easy",
