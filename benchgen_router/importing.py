@@ -410,7 +410,11 @@ def _choose(header: Sequence[str], chosen: str | None, usual: Sequence[str], wha
     return next((name for name in usual if name in header), None)
 
 
-def _required(name: str | None, usual: Sequence[str], what: str, flag: str, path: Path, header: Sequence[str]) -> str:
+def _required(
+    header: Sequence[str], chosen: str | None, usual: Sequence[str], described: str, what: str, flag: str, path: Path
+) -> str:
+    """_choose's column, which must exist: none of the usual names is one line naming the flag to pass."""
+    name = _choose(header, chosen, usual, described, path)
     if name is None:
         raise setting_error(
             f"{path} has none of the usual {what} columns ({', '.join(usual)}); it has "
@@ -447,29 +451,10 @@ def read_long_outcomes(
     if columns.latency_unit not in LATENCY_UNITS:
         raise InputError(f"latency unit {columns.latency_unit!r} must be one of {', '.join(LATENCY_UNITS)}.")
     header, rows = read_table(path)
-    prompt_column = _required(
-        _choose(header, columns.prompt, TEXT_FIELDS, "the prompt", path),
-        TEXT_FIELDS,
-        "prompt",
-        "prompt_column",
-        path,
-        header,
-    )
-    model_column = _required(
-        _choose(header, columns.model, MODEL_FIELDS, "the model", path),
-        MODEL_FIELDS,
-        "model",
-        "model_column",
-        path,
-        header,
-    )
+    prompt_column = _required(header, columns.prompt, TEXT_FIELDS, "the prompt", "prompt", "prompt_column", path)
+    model_column = _required(header, columns.model, MODEL_FIELDS, "the model", "model", "model_column", path)
     correct_column = _required(
-        _choose(header, columns.correct, CORRECT_FIELDS, "correctness", path),
-        CORRECT_FIELDS,
-        "correctness",
-        "correct_column",
-        path,
-        header,
+        header, columns.correct, CORRECT_FIELDS, "correctness", "correctness", "correct_column", path
     )
     group_column = _choose(header, columns.group, GROUP_FIELDS, "the group", path)
     prompt_tokens_column = _choose(header, columns.prompt_tokens, PROMPT_TOKEN_FIELDS, "prompt tokens", path)
