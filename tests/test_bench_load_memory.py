@@ -19,7 +19,7 @@ def test_loading_peak_rss_stays_near_the_weights_size(checkpoint_dtype):
     # below 1.6x. From a bfloat16 checkpoint transformers 5 lets the router load unmapped and upcast
     # tensor by tensor (below 1.3x); transformers 4 keeps the mapped file resident while it upcasts.
     args = ["--layers", "2", "--vocab", "32000", "--checkpoint-dtype", checkpoint_dtype, "--json"]
-    result = run_tool("benchgen_router.bench.load_memory", *args)
+    result = run_tool("bench", "load-memory", *args)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(figures) == {"head-only", "bundled"}

@@ -79,3 +79,97 @@ def test_the_original_release_interface_works_verbatim():
     )
     assert imported.returncode == 0 and imported.stdout.strip() == result.stdout.strip()
     assert run_tool("route", "What is the derivative of x^3 + 2x?").stdout == result.stdout
+
+
+BENCHMARKS = {"service": "bench_service", "load-memory": "bench_load_memory", "streaming": "bench_streaming"}
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_each_benchmark_is_a_bench_subcommand_with_its_own_help(name, capsys):
+    assert cli("bench", name, "--help") == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: benchgen-router bench {name} [-h]"), out[:200]
+    assert "--verbose" in out and "Exit codes" in out.replace("\n", " ")
+    assert cli("bench", "--help") == 0
+    assert name in capsys.readouterr().out  # listed where `bench` itself is described
+
+
+def test_benchmark_options_reach_the_benchmark_named_and_bench_alone_is_routing_speed():
+    from benchgen_router.cli import bench_load_memory, bench_service, bench_streaming
+    from benchgen_router.cli.main import build_parser
+
+    parser, _ = build_parser()
+    args = parser.parse_args(["bench", "-v", "service", "--requests", "7", "--modes", "throughput", "--skip-load"])
+    assert (args.benchmark, args.benchmark_module) == ("service", bench_service)
+    assert (args.requests, args.modes, args.skip_load, args.seconds) == (7, ("throughput",), True, 12.0)
+    assert args.verbose  # given before the benchmark's name, and kept
+    args = parser.parse_args(["bench", "load-memory", "--layers", "2", "--vocab", "32000", "--json", "--verbose"])
+    assert (args.benchmark_module, args.layers, args.vocab, args.json, args.verbose) == (
+        bench_load_memory,
+        2,
+        32000,
+        True,
+        True,
+    )
+    assert args.modes == ["head-only", "bundled"] and args.checkpoint_dtype == "bfloat16"
+    args = parser.parse_args(["bench", "streaming", "--lines", "10", "20", "--threads", "2"])
+    assert (args.benchmark_module, args.lines, args.threads, args.json, args.verbose) == (
+        bench_streaming,
+        [10, 20],
+        2,
+        False,
+        False,
+    )
+    args = parser.parse_args(["bench", "--layers", "4", "--queries", "16"])
+    assert (args.benchmark, args.layers, args.queries) == (None, 4, 16)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "service", "--modes", "warp"], "give throughput, standard or both"),
+        (["bench", "service", "--replicas", "0"], "argument --replicas: must be a positive integer, got 0"),
+        (["bench", "load-memory", "--modes", "mapped"], "invalid choice: 'mapped'"),
+        (["bench", "streaming", "--lines", "100", "-5"], "argument --lines: must be a positive integer, got -5"),
+        (["bench", "service", "--layers", "4"], "unrecognized arguments: --layers 4"),
+    ],
+)
+def test_bad_benchmark_usage_is_one_line_and_exit_2(argv, message, capsys):
+    assert cli(*argv) == 2
+    err = capsys.readouterr().err
+    assert message in err.splitlines()[-1] and "Traceback" not in err, err
+
+
+def test_the_library_never_imports_the_command_line():
+    """benchgen_router/cli/ is the thin layer on top; `python -m benchgen_router` is the command's other name."""
+    import ast
+
+    package = PROJECT_ROOT / "benchgen_router"
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.is_relative_to(package / "cli") or path == package / "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+            if any(name == "benchgen_router.cli" or name.startswith("benchgen_router.cli.") for name in names):
+                offenders.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("module", "command"),
+    [
+        ("benchgen_router.bench.load_memory", "bench load-memory"),
+        ("benchgen_router.bench.routing", "bench"),
+        ("benchgen_router.frontier", "frontier"),
+    ],
+)
+def test_the_old_python_m_ways_in_warn_then_run_the_command(module, command):
+    result = run_tool(module, "--help", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"warning: python -m {module} is deprecated and goes in 0.4.0; run `benchgen-router {command}` (same options)."
+    ]
+    assert result.stdout.startswith(f"usage: python -m benchgen_router {command} ")

@@ -99,7 +99,7 @@ def table_lines(results: dict[str, dict[str, Any]], layers: int, vocab: int, che
     return lines
 
 
-if __name__ == "__main__":  # `python -m benchgen_router.bench.load_memory`
-    from benchgen_router.cli.bench_load_memory import main
+if __name__ == "__main__":  # deprecated way in, kept until the next minor version
+    from benchgen_router.bench import hand_over_to_command
 
-    sys.exit(main())
+    hand_over_to_command("benchgen_router.bench.load_memory", ["bench", "load-memory"])

@@ -330,7 +330,7 @@ def progress(row: dict[str, Any], name: str, ref_seconds: float) -> None:
     )
 
 
-if __name__ == "__main__":  # `python -m benchgen_router.bench.routing`, and every worker job
-    from benchgen_router.cli.bench import main
+if __name__ == "__main__":  # deprecated way in, kept until the next minor version
+    from benchgen_router.bench import hand_over_to_command
 
-    sys.exit(main())
+    hand_over_to_command("benchgen_router.bench.routing", ["bench"])

@@ -496,7 +496,7 @@ def report_text(
     return "\n".join(report) + "\n"
 
 
-if __name__ == "__main__":  # `python -m benchgen_router.bench.service`
-    from benchgen_router.cli.bench_service import main
+if __name__ == "__main__":  # deprecated way in, kept until the next minor version
+    from benchgen_router.bench import hand_over_to_command
 
-    sys.exit(main())
+    hand_over_to_command("benchgen_router.bench.service", ["bench", "service"])

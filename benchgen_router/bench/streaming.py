@@ -102,7 +102,7 @@ def table_lines(rows: Sequence[dict[str, Any]], model: Path | None, source: str,
     return lines
 
 
-if __name__ == "__main__":  # `python -m benchgen_router.bench.streaming`
-    from benchgen_router.cli.bench_streaming import main
+if __name__ == "__main__":  # deprecated way in, kept until the next minor version
+    from benchgen_router.bench import hand_over_to_command
 
-    sys.exit(main())
+    hand_over_to_command("benchgen_router.bench.streaming", ["bench", "streaming"])

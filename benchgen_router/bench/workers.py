@@ -27,8 +27,8 @@ from benchgen_router.bench.workload import REPOSITORY_ROOT
 from benchgen_router.errors import InputError
 
 REFERENCE_MAX_LENGTH = 1024  # docs/reference.md: truncation=True, max_length=1024
-# The command a job runs; `--worker` is the bench command's hidden entry point.
-WORKER_COMMAND = ("-m", "benchgen_router.bench.routing", "--worker")
+# The command a job runs: this module, with the job's spec file as its one argument.
+WORKER_COMMAND = ("-m", "benchgen_router.bench.workers")
 
 
 def reference_row(spec: dict[str, Any]) -> dict[str, Any]:
@@ -190,3 +190,7 @@ class Bench:
             # the worker imports this package also from a clone that was never installed
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY_ROOT), os.environ.get("PYTHONPATH")])),
         }
+
+
+if __name__ == "__main__":  # one job (WORKER_COMMAND): a failure's traceback goes to the job's log
+    worker(sys.argv[1])

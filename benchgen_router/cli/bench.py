@@ -4,6 +4,7 @@
     benchgen-router bench --layers 4 --queries 16  # a quick look
     benchgen-router bench --device cuda            # GPU: every prompt, float32 and bfloat16 peaks on the GPU
     benchgen-router bench --output table.md        # also write the table (.json: every number as JSON)
+    benchgen-router bench service|load-memory|streaming --help   # the other benchmarks, each with its own options
 
 One run builds a synthetic backbone with the exact Qwen3-1.7B geometry (random weights, fixed seed;
 saved in bfloat16 like the real checkpoint unless --checkpoint-dtype says otherwise) and a
@@ -27,8 +28,8 @@ times slower: its peak is not measured and the bf16 rows are left out unless ask
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from benchgen_router.bench.routing import (
@@ -39,10 +40,12 @@ from benchgen_router.bench.routing import (
     BenchOptions,
 )
 from benchgen_router.bench.workload import DEFAULT_TASKS
-from benchgen_router.cli.common import EXIT_CODES_HELP, configure_output, run_command
+from benchgen_router.cli.common import EXIT_CODES_HELP
 from benchgen_router.errors import InputError
 
-HELP = "benchmark routing speed side by side with the reference"
+HELP = "benchmark routing speed side by side with the reference (or: service, load-memory, streaming)"
+# the other benchmarks: name -> module of benchgen_router.cli with HELP, add_arguments(parser) and run(args)
+BENCHMARKS = {"service": "bench_service", "load-memory": "bench_load_memory", "streaming": "bench_streaming"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +64,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--workdir", type=Path, default=None, help="where to build the backbone (default: the system temp dir)")
     add("--tiny", action="store_true", help="tiny geometry (hidden 64, 2 layers) for smoke tests; not Qwen3-1.7B")
-    add("--worker", help=argparse.SUPPRESS)
+    add_benchmark_subcommands(parser)
+
+
+def add_benchmark_subcommands(parser: argparse.ArgumentParser) -> None:
+    """`bench service`, `bench load-memory`, `bench streaming`; without one, `bench` is the routing benchmark."""
+    parser.usage = f"%(prog)s [options]\n       %(prog)s {{{','.join(BENCHMARKS)}}} [options]"
+    benchmarks = parser.add_subparsers(
+        dest="benchmark", metavar="BENCHMARK", title="other benchmarks (their options follow their name)"
+    )
+    for name, module_name in BENCHMARKS.items():
+        module = importlib.import_module(f"benchgen_router.cli.{module_name}")
+        subparser = benchmarks.add_parser(name, help=module.HELP, prog=f"{parser.prog} {name}")
+        module.add_arguments(subparser)
+        # SUPPRESS: when not given here, `bench -v service` keeps the -v given before the name
+        subparser.add_argument(
+            "--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help="tracebacks and library notices"
+        )
+        subparser.set_defaults(benchmark_module=module)
 
 
 def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,9 +132,7 @@ def add_row_arguments(parser: argparse.ArgumentParser) -> None:
 
 def normalise_arguments(args: argparse.Namespace) -> argparse.Namespace:
     """Validate before torch is imported, so bad usage fails at once. Not named check_arguments: the
-    main command would call that before run, which calls this itself (for `python -m` too)."""
-    if args.worker:
-        return args
+    main command would call that before run, and the other benchmarks share this parser."""
     args.device = args.device.lower()
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise InputError(f"unknown device '{args.device}'; use cpu or cuda.")
@@ -160,12 +178,9 @@ def command_line() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.benchmark:
+        return args.benchmark_module.run(args)
     args = normalise_arguments(args)
-    if args.worker:
-        from benchgen_router.bench.workers import worker
-
-        worker(args.worker)
-        return 0
     from benchgen_router.bench.routing import run_benchmark
     from benchgen_router.bench.routing_report import render_markdown, write_report
 
@@ -174,12 +189,3 @@ def run(args: argparse.Namespace) -> int:
     print(text, end="")
     write_report(report, text, args.output)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m benchgen_router.bench.routing`: the same as `benchgen-router bench`."""
-    parser = argparse.ArgumentParser(prog="benchgen-router bench")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    configure_output(verbose=False)
-    return run_command(run, args)

@@ -1,8 +1,6 @@
-"""`python -m benchgen_router.frontier`: the same command as `benchgen-router frontier`."""
+"""`python -m benchgen_router.frontier`, deprecated: warns, then becomes `benchgen-router frontier` with the
+same options (the command line lives in benchgen_router/cli/, which the library never imports)."""
 
-import sys
+from benchgen_router.bench import hand_over_to_command
 
-from benchgen_router.cli.main import main
-
-if __name__ == "__main__":
-    sys.exit(main(["frontier", *sys.argv[1:]], prog="python -m benchgen_router.frontier"))
+hand_over_to_command("benchgen_router.frontier", ["frontier"])
