@@ -1,7 +1,11 @@
 """The HTTP routing service under load, against routing in-process, as one markdown table.
 
-A service is worth its overhead only if it keeps most of in-process throughput under concurrency and
-adds little latency at one client; the rows and targets are in docs/benchmark.md.
+The service is serve() as users start it: one deployment, whose replicas (RouterService,
+serving/app.py) are the HTTP ingress. Each reads and checks a request on its event loop and scores it
+on its one worker thread, merged with the other requests waiting. In throughput mode HAProxy forwards
+to the replicas directly; in standard mode Ray Serve's Python proxy does. A service is worth its
+overhead only if it keeps most of in-process throughput under concurrency and adds little latency at
+one client; the rows and targets are in docs/benchmark.md.
 """
 
 from __future__ import annotations
