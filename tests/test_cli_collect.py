@@ -443,3 +443,75 @@ def test_a_disk_full_before_any_call_leaves_no_journal(inputs):
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("error: cannot write journal ")
     assert sorted(path.name for path in inputs.iterdir()) == ["pool.json", "tasks.jsonl"]
+
+
+# ---------------------------------------------------------------------------------------------
+# From the gateway's traffic journal
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], "error: pass --tasks FILE, or --from-journal DIR --sample N to take the prompts from a journal."),
+        (["--sample", "3"], "error: --sample takes prompts from a journal: pass --from-journal DIR with it."),
+        (["--from-journal", "J"], "error: --from-journal needs --sample N: how many distinct prompts to take."),
+        (
+            ["--from-journal", "J", "--sample", "3"],
+            "error: prompts from --from-journal have no reference answer: pass --judge or --judge-pool to have a "
+            "judge rate the answers.",
+        ),
+    ],
+)
+def test_journal_flags_that_cannot_work_are_one_line(inputs, flags, expected, capsys):
+    flags = [inputs / "journal" if flag == "J" else flag for flag in flags]
+    code = cli("collect", "--pool", inputs / "pool.json", "--output", inputs / "calls.jsonl", *flags)
+    assert code == 2 and capsys.readouterr().err.strip().splitlines() == [expected]
+    assert not (inputs / "calls.tasks.jsonl").exists()
+
+
+def test_collect_from_a_journal_as_users_run_it(tmp_path, capsys, caplog):
+    from benchgen_router.serving.journal import TrafficJournal
+    from upstream_server import ReplayUpstream
+
+    journal = TrafficJournal(tmp_path / "journal", keep_text=True)
+    served = {"a": "Name a river.", "b": "Name a mountain."}
+    ids = {}
+    for agent, text in served.items():
+        ids[agent] = journal.new_request_id()
+        journal.record_call({"request_id": ids[agent], "agent": agent, "status": 200}, text)
+    journal.record_feedback(ids["b"], 1.0, "spot on")
+    journal.close()
+    (path,) = (tmp_path / "journal").glob("calls-*.jsonl")
+    with path.open("a") as file:
+        file.write('{"kind": "call", "text": "cut sho')  # the gateway died in the middle of a line
+
+    def rate(body: dict) -> str:
+        return "Rating: [[9]]" if "Nile" in body["messages"][-1]["content"] else "Rating: [[2]]"
+
+    with (
+        ReplayUpstream(lambda body: {"m-a": "The Nile.", "m-b": "Hmm."}[body["model"]]) as agents,
+        ReplayUpstream(rate) as judge,
+    ):
+        write_pool(tmp_path / "pool.json", [("a", agents.base_url, "m-a"), ("b", agents.base_url, "m-b")])
+        write_pool(tmp_path / "judge.json", [("judge", judge.base_url, "m-judge")])
+        code = cli(
+            "collect", "--from-journal", tmp_path / "journal", "--sample", "5", "--seed", "1",
+            "--pool", tmp_path / "pool.json", "--judge-pool", tmp_path / "judge.json", "--repetitions", "1",
+            "--output", tmp_path / "calls.jsonl", "--no-progress",
+        )  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0] == (
+        f"journal: 2 calls, 0 without text, 2 distinct prompts; sampled 2 (a 1, b 1; 1 with feedback) into "
+        f"{tmp_path / 'calls.tasks.jsonl'}"
+    )
+    assert out[-1] == f"wrote 2 of 2 tasks to {tmp_path / 'calls.jsonl'} and {tmp_path / 'calls.rewards.jsonl'}"
+    assert sum("unfinished" in record.getMessage() for record in caplog.records) == 1
+    tasks = {row["task_id"]: row["prompt"] for row in read_rows(tmp_path / "calls.tasks.jsonl")}
+    rows = {tasks[row["task_id"]]: row for row in read_rows(tmp_path / "calls.rewards.jsonl")}
+    # every agent answers both prompts: a's "The Nile." is rated 9, b's "Hmm." 2; the user scored b's answer 1
+    assert rows["Name a river."]["mean_reward"] == rows["Name a mountain."]["mean_reward"] == [0.9, 0.2]
+    assert rows["Name a river."]["feedback_reward"] == [0.9, 0.2]
+    assert rows["Name a mountain."]["feedback_reward"] == [0.9, 1.0]
+    assert rows["Name a mountain."]["n_feedback"] == [0, 1]
+    assert "spot on" not in (tmp_path / "calls.tasks.jsonl").read_text()  # a comment is never a task's

@@ -626,3 +626,49 @@ def test_a_probability_head_with_a_hidden_layer_stops_with_one_line(tmp_path, ba
         "--head-hidden-dim and --operating-point."
     ]
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The rewards column trained on: collect's feedback_reward beside the judge's mean_reward
+
+
+def test_reward_column_trains_on_the_named_column_and_records_it(tmp_path, backbone_dir, capsys):
+    rewards, tasks = synthetic_rows(12, seed=5)
+    for row in rewards:  # the measured rewards favour the fourth agent, users' feedback the first
+        row["mean_reward"] = [0.0, 0.0, 0.0, 1.0, 0.0]
+        row["feedback_reward"] = [1.0, 0.0, 0.0, 0.2, 0.0]
+    args = [
+        "--rewards",
+        str(write_jsonl(tmp_path / "r.jsonl", rewards)),
+        "--tasks",
+        str(write_jsonl(tmp_path / "t.jsonl", tasks)),
+        "--backbone",
+        str(backbone_dir),
+        "--generations",
+        "3",
+        "--cv-folds",
+        "0",
+        "--no-cache",
+        "--no-progress",
+        "--no-ood-guard",
+    ]
+    assert cli("train", *args, "--output-dir", tmp_path / "measured") == 0
+    assert cli("train", *args, "--output-dir", tmp_path / "feedback", "--reward-column", "feedback_reward") == 0
+    measured = json.loads((tmp_path / "measured" / "manifest.json").read_text())
+    feedback = json.loads((tmp_path / "feedback" / "manifest.json").read_text())
+    assert measured["evaluation"]["best_fixed_agent_id"] == AGENTS[3] and measured["baselines"]["oracle"] == 1.0
+    assert feedback["evaluation"]["best_fixed_agent_id"] == AGENTS[0] and feedback["baselines"]["oracle"] == 1.0
+    assert measured["baselines"]["random_agent"] == pytest.approx(1.0 / 5)
+    assert feedback["baselines"]["random_agent"] == pytest.approx(1.2 / 5)
+    assert measured["rewards_dataset"] == str(tmp_path / "r.jsonl")
+    assert feedback["rewards_dataset"] == f"{tmp_path / 'r.jsonl'} (feedback_reward)"
+
+    del rewards[4]["feedback_reward"]
+    write_jsonl(tmp_path / "r.jsonl", rewards)
+    capsys.readouterr()
+    assert cli("train", *args, "--output-dir", tmp_path / "broken", "--reward-column", "feedback_reward") == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: rewards row 5 (t4) has no column 'feedback_reward'; pass a rewards file that has it "
+        "(collect --from-journal writes feedback_reward), or another --reward-column."
+    ]
+    assert not (tmp_path / "broken").exists()

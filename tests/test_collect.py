@@ -6,6 +6,7 @@ here is fast; the runs against `transformers serve` are in test_cli_collect.py."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import os
@@ -537,3 +538,227 @@ def test_retry_after_is_read_as_seconds_or_a_date_and_capped():
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == pytest.approx(10.0)
     assert RetryPolicy().delay_s(0, 3600.0) == 60.0
     assert 0.5 <= RetryPolicy(backoff_s=1.0).delay_s(0, None) <= 1.0 and 2.0 <= RetryPolicy().delay_s(2, None) <= 4.0
+
+
+# ---------------------------------------------------------------------------------------------
+# From the gateway's traffic journal: distinct prompts, a sample per answering agent, the judge's
+# rewards and users' feedback beside them
+
+
+JOURNAL_ANSWERS = {"m-a": "alpha", "m-b": "beta", "m-c": ""}  # what each agent answers; c answers nothing
+JOURNAL_RATINGS = {"alpha": 8, "beta": 3}  # the replay judge's rating of each answer
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def journal_call(journal, text: str | None, agent: str) -> str:
+    request_id = journal.new_request_id()
+    entry = {"request_id": request_id, "model": "benchgen-router", "agent": agent, "head_pick": agent, "status": 200}
+    journal.record_call(entry, text)
+    return request_id
+
+
+def write_traffic(folder: Path) -> dict[str, dict[str, list[float]]]:
+    """A journal of two gateway processes: 9 distinct prompts (p0 sent twice, last answered by b), one call
+    without its text, and feedback sent to the process that did not answer. Returns the feedback each
+    prompt's rewards must carry, per agent."""
+    from benchgen_router.serving.journal import TrafficJournal
+
+    first, second = TrafficJournal(folder, keep_text=True), TrafficJournal(folder, keep_text=True)
+    hashed_only = TrafficJournal(folder)  # a replica started without --journal-text
+    ids = {}
+    for number in range(6):
+        ids[f"p{number}"] = journal_call(first, f"Tell me about topic {number}.", "a")
+    for number in range(2):
+        ids[f"q{number}"] = journal_call(first, f"Question q{number}?", "b")
+    ids["r0"] = journal_call(second, "Riddle r0?", "c")
+    ids["p0 again"] = journal_call(second, "Tell me about topic 0.", "b")
+    journal_call(hashed_only, "A prompt stored as a hash only.", "a")
+    second.record_feedback(ids["p1"], 0.0, None)  # another process than the one that answered
+    first.record_feedback(ids["q0"], 1.0, None)
+    second.record_feedback(ids["q0"], 0.5, None)  # the user changed their mind: the later score counts
+    first.record_feedback(ids["p0"], 1.0, None)
+    second.record_feedback(ids["p0 again"], 0.2, None)
+    for journal in (first, second, hashed_only):
+        journal.close()
+    return {
+        "Tell me about topic 1.": {"a": [0.0]},
+        "Question q0?": {"b": [0.5]},
+        "Tell me about topic 0.": {"a": [1.0], "b": [0.2]},
+    }
+
+
+def rate_journal_answer(body: dict) -> str:
+    text = body["messages"][-1]["content"]
+    start, end = "[The Start of Assistant's Answer]\n", "\n[The End of Assistant's Answer]"
+    answer = text[text.index(start) + len(start) : text.index(end)]
+    return f"Fine. Rating: [[{JOURNAL_RATINGS[answer]}]]"
+
+
+@pytest.fixture
+def journal_servers():
+    from upstream_server import ReplayUpstream
+
+    with (
+        ReplayUpstream(lambda body: JOURNAL_ANSWERS[body["model"]]) as agents,
+        ReplayUpstream(rate_journal_answer) as judge,
+    ):
+        yield agents, judge
+
+
+def journal_config(folder: Path, agents, judge, **overrides: object) -> CollectConfig:
+    write_pool(folder / "pool.json", {agent: agents.base_url for agent in AGENTS})
+    write_pool(folder / "judge.json", {"judge": judge.base_url})
+    values = {
+        "tasks": folder / "calls.tasks.jsonl",
+        "pool": folder / "pool.json",
+        "output": folder / "calls.jsonl",
+        "repetitions": 1,
+        "backoff_s": 0.01,
+        "judge_pool": folder / "judge.json",
+    }
+    return CollectConfig(**(values | overrides))
+
+
+@needs_httpx
+def test_journal_prompts_are_judged_with_users_feedback_beside_the_judges_rewards(tmp_path, journal_servers, caplog):
+    import hashlib
+    import hmac
+
+    from benchgen_router.collect.traffic import JournalSource, collect_from_journal
+
+    feedback = write_traffic(tmp_path / "journal")
+    config = journal_config(tmp_path, *journal_servers)
+    sample, result = collect_from_journal(config, JournalSource(tmp_path / "journal", sample=20))
+    assert (sample.calls, sample.without_text, sample.prompts, sample.sampled) == (11, 1, 9, 9)
+    assert sample.by_agent == {"a": 5, "b": 3, "c": 1} and sample.with_feedback == 3
+    assert any("fewer than --sample 20" in record.getMessage() for record in caplog.records)
+
+    key = (tmp_path / "journal" / ".key").read_bytes()
+    tasks = read_rows(config.tasks)
+    texts = [row["prompt"] for row in tasks]
+    assert len(set(texts)) == 9 and "A prompt stored as a hash only." not in texts
+    for row in tasks:
+        digest = hmac.new(key, b"text:" + row["prompt"].encode(), hashlib.sha256).hexdigest()
+        assert row["task_id"] == "journal-" + digest[:16] and row["grader"] == "judge" and "answer" not in row
+        assert row["feedback"] == feedback.get(row["prompt"], {})
+    assert result.tasks_written == result.tasks_rated == 9 and result.ungraded == 0
+
+    by_id = {row["task_id"]: row["prompt"] for row in tasks}
+    for row in read_rows(config.rewards_path):
+        measured = [0.8, 0.3, 0.0]  # the judge's 8 for a's answer, 3 for b's; c's empty answer is wrong
+        assert row["mean_reward"] == pytest.approx(measured) and row["dataset"] == "traffic journal"
+        scores = feedback.get(by_id[row["task_id"]], {})
+        expected = [sum(scores[agent]) / len(scores[agent]) if agent in scores else measured[j]
+                    for j, agent in enumerate(AGENTS)]  # fmt: skip
+        assert row["feedback_reward"] == pytest.approx(expected)
+        assert row["n_feedback"] == [len(scores.get(agent, [])) for agent in AGENTS]
+
+
+def test_a_sample_takes_equal_shares_per_answering_agent_drawn_with_the_seed():
+    from benchgen_router.collect.traffic import TrafficPrompt, stratified_sample
+
+    prompts = [TrafficPrompt(f"{agent}{n}", f"text {agent}{n}", agent) for agent, size in (("a", 6), ("b", 3), ("c", 1))
+               for n in range(size)]  # fmt: skip
+    for size, shares in ((3, (1, 1, 1)), (5, (2, 2, 1)), (8, (4, 3, 1)), (10, (6, 3, 1)), (50, (6, 3, 1))):
+        chosen = stratified_sample(prompts, size, seed=0)
+        assert len({prompt.text for prompt in chosen}) == len(chosen)
+        assert tuple(sum(prompt.answered_by == agent for prompt in chosen) for agent in "abc") == shares
+    assert stratified_sample(prompts, 4, seed=1) == stratified_sample(prompts, 4, seed=1)
+    draws = {tuple(prompt.text for prompt in stratified_sample(prompts, 4, seed=seed)) for seed in range(10)}
+    assert len(draws) > 1  # the seed draws within each agent's prompts
+
+
+@needs_httpx
+def test_journal_input_problems_are_one_line_and_leave_nothing(tmp_path, journal_servers):
+    from benchgen_router.collect.traffic import JournalSource, collect_from_journal
+    from benchgen_router.serving.journal import TrafficJournal
+
+    config = journal_config(tmp_path, *journal_servers)
+    with pytest.raises(InputError, match="holds no journal files"):
+        collect_from_journal(config, JournalSource(tmp_path, sample=3))
+    with pytest.raises(InputError, match="does not exist"):
+        collect_from_journal(config, JournalSource(tmp_path / "missing", sample=3))
+    hashed = TrafficJournal(tmp_path / "hashed")
+    journal_call(hashed, "a private prompt", "a")
+    hashed.close()
+    with pytest.raises(InputError, match="journal-text"):
+        collect_from_journal(config, JournalSource(tmp_path / "hashed", sample=3))
+    write_traffic(tmp_path / "journal")
+    with pytest.raises(InputError, match="no reference answer: pass judge or judge_pool"):
+        collect_from_journal(journal_config(tmp_path, *journal_servers, judge_pool=None), JournalSource(
+            tmp_path / "journal", sample=3))  # fmt: skip
+    with pytest.raises(InputError, match="sample must be an integer >= 1"):
+        collect_from_journal(config, JournalSource(tmp_path / "journal", sample=0))
+    assert not config.tasks.exists()
+
+    # collect refuses to start (an earlier run's journal, no resume): the sample it was given is removed
+    config.journal_path.write_text("")
+    with pytest.raises(InputError, match="pass resume"):
+        collect_from_journal(config, JournalSource(tmp_path / "journal", sample=3))
+    assert not config.tasks.exists() and not config.output.exists()
+    config.journal_path.unlink()
+
+    # a tasks file in the way is never overwritten
+    config.tasks.write_text("mine\n")
+    with pytest.raises(InputError, match="exists"):
+        collect_from_journal(config, JournalSource(tmp_path / "journal", sample=3))
+    assert config.tasks.read_text() == "mine\n"
+
+
+@needs_httpx
+def test_a_resumed_run_keeps_its_sample_while_the_journal_grows(tmp_path, journal_servers):
+    from benchgen_router.collect.traffic import JournalSource, collect_from_journal
+    from benchgen_router.serving.journal import TrafficJournal
+
+    write_traffic(tmp_path / "journal")
+    config = journal_config(tmp_path, *journal_servers)
+    sample, _ = collect_from_journal(config, JournalSource(tmp_path / "journal", sample=4, seed=3))
+    first = config.tasks.read_text()
+    later = TrafficJournal(tmp_path / "journal", keep_text=True)
+    for number in range(5):
+        journal_call(later, f"A newer prompt {number}", "c")
+    later.close()
+    resumed, result = collect_from_journal(
+        dataclasses.replace(config, resume=True), JournalSource(tmp_path / "journal", sample=9, seed=7)
+    )
+    assert resumed.reused and resumed.sampled == sample.sampled == 4
+    assert config.tasks.read_text() == first and result.made == 0 and result.tasks_written == 4
+
+
+@needs_httpx
+def test_a_cut_line_and_a_folder_a_live_gateway_writes_to_are_read_with_one_warning(tmp_path, journal_servers, caplog):
+    import subprocess
+    import sys
+
+    from benchgen_router.collect.traffic import JournalSource, collect_from_journal
+
+    folder = tmp_path / "journal"
+    write_traffic(folder)
+    cut = sorted(folder.glob("calls-*.jsonl"))[0]
+    with cut.open("ab") as file:
+        file.write(b'{"time": "2026-12-03T15:00:00Z", "kind": "call", "text": "half a pro')
+    writer = subprocess.Popen(  # a live gateway on the same folder, writing all along
+        [sys.executable, "-c", (
+            "import sys, time\nfrom benchgen_router.serving.journal import TrafficJournal\n"
+            "journal = TrafficJournal(sys.argv[1], keep_text=True)\nprint('ready', flush=True)\n"
+            "for n in range(100000):\n"
+            "    journal.record_call({'request_id': journal.new_request_id(), 'agent': 'a'}, f'live {n % 50}')\n"
+            "    time.sleep(0.001)\n"
+        ), str(folder)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+        config = journal_config(tmp_path, *journal_servers)
+        sample, result = collect_from_journal(config, JournalSource(folder, sample=12, seed=1))
+    finally:
+        writer.kill()
+        writer.wait()
+    assert sample.sampled == 12 and result.tasks_written == 12
+    assert all(not row["prompt"].startswith("half") for row in read_rows(config.tasks))
+    cut_warnings = [record.getMessage() for record in caplog.records if str(cut) in record.getMessage()]
+    assert len(cut_warnings) == 1 and "unfinished" in cut_warnings[0]

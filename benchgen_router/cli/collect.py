@@ -15,7 +15,11 @@ a time holds an output's journal (exit 75 for another: nothing asked); a write t
 calls were made (a full disk) exits 74, and --resume continues. --judge AGENT (an agent of the
 pool) or --judge-pool FILE (an endpoint of its own) rates the answers of tasks without a reference
 answer from 1 to 10 (`grader: "judge"`, or no answer and no grader); a verdict without a rating is
-asked again once, then left ungraded, never counted as wrong. Details: docs/collect.md.
+asked again once, then left ungraded, never counted as wrong. --from-journal DIR --sample N takes N
+distinct prompts the gateway journaled with their text (serve --journal DIR --journal-text), an equal
+share per agent that answered them, drawn with --seed; writes them to --tasks (default
+<stem>.tasks.jsonl) and has the judge rate the pool's answers; users' feedback becomes the rewards
+file's feedback_reward column (train --reward-column). Details: docs/collect.md.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchgen_router.cli.common import EXIT_CODES_HELP, EXIT_OK, EXIT_SKIPPED, non_negative_int, positive_int
 from benchgen_router.graders import MATH_EQUIVALENCES
@@ -66,7 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     data = parser.add_argument_group("what to ask")
     data.add_argument(
-        "--tasks", required=True, type=Path, metavar="FILE", help="tasks JSONL: task_id, prompt, answer, grader, ..."
+        "--tasks",
+        type=Path,
+        metavar="FILE",
+        help="tasks JSONL: task_id, prompt, answer, grader, ... (with --from-journal: where the sampled prompts "
+        "are written; default <stem>.tasks.jsonl)",
     )
     data.add_argument(
         "--pool", required=True, type=Path, metavar="FILE", help="pool file (agents.json) with every agent's base_url"
@@ -92,6 +101,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="a pool file (agents.json format) for a judge outside the pool: its one agent, or --judge AGENT",
+    )
+    traffic = parser.add_argument_group("from the gateway's traffic journal")
+    traffic.add_argument(
+        "--from-journal",
+        type=Path,
+        metavar="DIR",
+        help="take the prompts from a journal folder (serve --journal DIR --journal-text); needs a judge",
+    )
+    traffic.add_argument("--sample", type=positive_int, metavar="N", help="distinct journaled prompts to take")
+    traffic.add_argument(
+        "--seed", type=int, metavar="S", default=0, help="seed of the draw within each agent's prompts (default: 0)"
     )
     data.add_argument("--max-tokens", type=positive_int, metavar="N", help="max_tokens sent upstream (default: none)")
     data.add_argument(
@@ -136,11 +156,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _tasks_path(args: argparse.Namespace) -> Path:
+    """--tasks, or with --from-journal where its sample goes; one line for a combination that cannot work."""
+    from benchgen_router.errors import InputError
+
+    if args.from_journal is None:
+        if args.sample is not None:
+            raise InputError("--sample takes prompts from a journal: pass --from-journal DIR with it.")
+        if args.tasks is None:
+            raise InputError("pass --tasks FILE, or --from-journal DIR --sample N to take the prompts from a journal.")
+        return args.tasks
+    if args.sample is None:
+        raise InputError("--from-journal needs --sample N: how many distinct prompts to take.")
+    if args.tasks is not None:
+        return args.tasks
+    return args.output.with_name(args.output.name.removesuffix(".jsonl") + ".tasks.jsonl")
+
+
 def run(args: argparse.Namespace) -> int:
     from benchgen_router.collect import STOPPED_AT_COST_CAP, CollectConfig, JournalInUse, JournalWriteFailed, collect
 
     config = CollectConfig(
-        tasks=args.tasks,
+        tasks=_tasks_path(args),
         pool=args.pool,
         output=args.output,
         rewards_output=args.rewards_output,
@@ -159,7 +196,13 @@ def run(args: argparse.Namespace) -> int:
         judge_pool=args.judge_pool,
     )
     try:
-        result = collect(config)
+        if args.from_journal is None:
+            result = collect(config)
+        else:
+            from benchgen_router.collect.traffic import JournalSource, collect_from_journal
+
+            sample, result = collect_from_journal(config, JournalSource(args.from_journal, args.sample, args.seed))
+            print(_sample_line(sample))
     except (JournalInUse, JournalWriteFailed) as err:
         print(f"error: {err.for_command_line()}", file=sys.stderr)
         return EXIT_JOURNAL_IN_USE if isinstance(err, JournalInUse) else EXIT_WRITE_FAILED
@@ -196,3 +239,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_SKIPPED
     return EXIT_OK
+
+
+def _sample_line(sample: Any) -> str:
+    if sample.reused:
+        return f"journal: {sample.sampled} prompts sampled before, kept in {sample.tasks} (--resume)"
+    shares = ", ".join(f"{agent} {count}" for agent, count in sample.by_agent.items())
+    return (
+        f"journal: {sample.calls} calls, {sample.without_text} without text, {sample.prompts} distinct prompts; "
+        f"sampled {sample.sampled} ({shares}; {sample.with_feedback} with feedback) into {sample.tasks}"
+    )

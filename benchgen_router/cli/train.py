@@ -60,6 +60,14 @@ def add_data_arguments(data: argparse._ArgumentGroup) -> None:
     data.add_argument("--rewards", help="rewards: local JSONL file or Hub dataset id (e.g. benchgen/router-pilot)")
     data.add_argument("--tasks", help="task prompts: local JSONL file or Hub dataset id (benchgen/router-pilot-tasks)")
     data.add_argument("--rewards-id", help="what the manifest records as rewards_dataset (default: --rewards)")
+    data.add_argument(
+        "--reward-column",
+        default=DEFAULTS["reward_column"],
+        metavar="NAME",
+        help="the rewards file's column to train on: mean_reward (the measured rewards; default) or, for tasks "
+        "collected from the traffic journal, feedback_reward (users' feedback for the agents that answered them, "
+        "the judge's rating for the rest)",
+    )
     data.add_argument("--test-split", default=DEFAULTS["test_split"], help="task split held out (default: %(default)s)")
     data.add_argument(
         "--cv-folds",

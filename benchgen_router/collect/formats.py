@@ -17,6 +17,10 @@ Judged tasks (`grader: "judge"`, collect/judge.py) extend this: each call carrie
 judge's rating / 10, 0 for a failed or empty call, None when the judge gave no rating) and `judge`
 (the verdict and what it cost); an agent's reward is the mean over its graded calls, so an ungraded
 call counts neither as right nor as wrong; the rewards row adds `n_ungraded`.
+
+Tasks sampled from the gateway's traffic journal (collect/traffic.py) carry `feedback`: the users' scores
+of the answers they were served, per agent that served them. Their rewards rows add `feedback_reward`
+(`mean_reward` with each such agent's value replaced by the mean of its users' scores) and `n_feedback`.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from benchgen_router.files import read_jsonl, to_json
 from benchgen_router.graders import GRADERS, grade
 
 JUDGE_GRADER = "judge"  # the grader of collect/judge.py, which rates answers instead of checking them
+FEEDBACK_COLUMN = "feedback_reward"  # the rewards column of users' feedback, beside mean_reward
 
 # The pilot's call fields (rewards.v1-pilot.jsonl), in its key order.
 CALL_FIELDS = (
@@ -66,6 +71,8 @@ class Task:
     difficulty: str | None = None
     task_group: str | None = None
     dataset: str | None = None
+    # users' feedback scores of served answers, per agent that served them: ((agent, (score, ...)), ...)
+    feedback: tuple[tuple[str, tuple[float, ...]], ...] | None = None
 
     @property
     def prompt_sha256(self) -> str:
@@ -80,6 +87,23 @@ def dump_row(row: Mapping[str, Any]) -> str:
 def _text(row: Mapping[str, Any], key: str) -> str | None:
     value = row.get(key)
     return None if value is None else str(value)
+
+
+def _feedback(row: Mapping[str, Any], where: str) -> tuple[tuple[str, tuple[float, ...]], ...] | None:
+    """A task's `feedback`, {agent: [score, ...]} with scores in [0, 1], or None when it has none."""
+    value = row.get("feedback")
+    if value is None:
+        return None
+
+    def score(number: Any) -> bool:
+        return isinstance(number, int | float) and not isinstance(number, bool) and 0.0 <= number <= 1.0
+
+    if not isinstance(value, Mapping) or not all(
+        isinstance(agent, str) and isinstance(scores, list) and all(score(s) for s in scores)
+        for agent, scores in value.items()
+    ):
+        raise InputError(f"{where} has feedback {value!r}; it must map agents to lists of scores from 0 to 1.")
+    return tuple((agent, tuple(float(s) for s in scores)) for agent, scores in value.items())
 
 
 def task_from_row(row: Mapping[str, Any], where: str, judge: bool = False) -> Task:
@@ -131,6 +155,7 @@ def task_from_row(row: Mapping[str, Any], where: str, judge: bool = False) -> Ta
         difficulty=_text(row, "difficulty"),
         task_group=_text(row, "task_group"),
         dataset=None if dataset is None else str(dataset),
+        feedback=_feedback(row, where),
     )
 
 
@@ -266,8 +291,10 @@ def calls_row(
 def rewards_row(row: Mapping[str, Any], task: Task) -> dict[str, Any]:
     """A task's row of the rewards file (rewards.jsonl) from its calls-file row and its task."""
     figures = tally(row["agent_order"], row["calls"])
-    judged = {"n_ungraded": figures.n_ungraded} if any("reward" in call for call in row["calls"]) else {}
-    return judged | {
+    extra = {"n_ungraded": figures.n_ungraded} if any("reward" in call for call in row["calls"]) else {}
+    if task.feedback is not None:
+        extra |= feedback_columns(row["agent_order"], figures.mean_reward, task.feedback)
+    return extra | {
         "agent_order": list(row["agent_order"]),
         "best_agents": figures.best_agents,
         "dataset": task.dataset,
@@ -284,3 +311,20 @@ def rewards_row(row: Mapping[str, Any], task: Task) -> dict[str, Any]:
         "task_group": task.task_group,
         "task_id": row["task_id"],
     }
+
+
+def feedback_columns(
+    agent_order: Sequence[str],
+    mean_reward: Sequence[float | None],
+    feedback: Sequence[tuple[str, Sequence[float]]],
+) -> dict[str, Any]:
+    """`feedback_reward`: the measured reward, with each agent that served users this prompt scored by
+    the mean of their feedback instead (feedback covers only the agents that answered them, so every
+    other agent keeps its measured reward); `n_feedback`: how many scores each agent's value rests on.
+    Feedback naming an agent outside the pool is left out."""
+    scores = dict(feedback)
+    values = [
+        sum(scores[agent]) / len(scores[agent]) if scores.get(agent) else measured
+        for agent, measured in zip(agent_order, mean_reward, strict=True)
+    ]
+    return {FEEDBACK_COLUMN: values, "n_feedback": [len(scores.get(agent, ())) for agent in agent_order]}

@@ -18,6 +18,7 @@ logger = logging.getLogger("benchgen_router")
 
 
 DEFAULT_BACKBONE = "Qwen/Qwen3-1.7B"
+DEFAULT_REWARD_COLUMN = "mean_reward"
 
 
 @dataclass
@@ -30,6 +31,7 @@ class TrainConfig:
     tasks: str
     output_dir: Path
     rewards_id: str | None = None
+    reward_column: str = DEFAULT_REWARD_COLUMN  # or collect's feedback_reward (users' feedback, judge elsewhere)
     test_split: str = DEFAULT_TEST_SPLIT
     cv_folds: int = 5
     # backbone and head
@@ -95,6 +97,8 @@ def check_config(config: TrainConfig) -> None:
 
     if config.cv_folds == 1:
         raise refuse("{cv_folds} must be 0 (skip) or at least 2.")
+    if not isinstance(config.reward_column, str) or not config.reward_column.strip():
+        raise refuse("{reward_column} must name a column of the rewards file, e.g. mean_reward or feedback_reward.")
     if config.head_hidden_dim < 0 or config.truncation_length < 1:
         raise refuse("{head_hidden_dim} must be >= 0 and {truncation_length} >= 1.")
     if config.head_kind not in ("cmaes", "probability"):
@@ -159,6 +163,16 @@ def parse_seed_list(text: str) -> list[int]:
     if not seeds:
         raise InputError("give at least one seed")
     return seeds
+
+
+def rewards_source(config: TrainConfig) -> str:
+    """What the manifest records as the rewards dataset: --rewards-id, else --rewards, with the column
+    trained on when it is not the default."""
+    if config.rewards_id:
+        return config.rewards_id
+    if config.reward_column == DEFAULT_REWARD_COLUMN:
+        return config.rewards
+    return f"{config.rewards} ({config.reward_column})"
 
 
 def train_defaults() -> dict[str, Any]:

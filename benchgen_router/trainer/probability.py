@@ -249,7 +249,7 @@ def train_probability(config: Any) -> Any:
     from benchgen_router.manifest import make_manifest
     from benchgen_router.model_code import DEFAULT_TRADEOFF, canonical_query
     from benchgen_router.report import TrainingReport
-    from benchgen_router.trainer.config import check_config
+    from benchgen_router.trainer.config import check_config, rewards_source
     from benchgen_router.trainer.run import RUN_FILES, TrainResult, backbone_embedder, model_id, read_training_data
 
     check_config(config)
@@ -274,7 +274,7 @@ def train_probability(config: Any) -> Any:
         model_id=config.model_id or model_id(config.backbone_id, data.agents, theta),
         backbone_model=config.backbone_id,
         backbone_revision=config.backbone_revision,
-        rewards_dataset=config.rewards_id or config.rewards,
+        rewards_dataset=rewards_source(config),
         n_head_params=int(theta.size),
         n_total=len(data),
         n_train=int((~test).sum()),

@@ -14,10 +14,17 @@ import numpy as np
 
 from benchgen_router import ood as ood_defaults
 from benchgen_router.convert import Release, write_release
+from benchgen_router.errors import setting_error
 from benchgen_router.head import OPERATING_HEADS_FILE
 from benchgen_router.manifest import make_manifest
 from benchgen_router.report import CrossValidation, GuardReport, PointFigures, PointReport, TrainingReport
-from benchgen_router.trainer.config import TrainConfig, check_config, search_options
+from benchgen_router.trainer.config import (
+    DEFAULT_REWARD_COLUMN,
+    TrainConfig,
+    check_config,
+    rewards_source,
+    search_options,
+)
 from benchgen_router.trainer.guard import fit_task_guard
 
 logger = logging.getLogger("benchgen_router")
@@ -119,6 +126,7 @@ def read_training_data(config: TrainConfig) -> tuple[Any, list[dict[str, Any]], 
     from benchgen_router.data import held_out_mask, join_rewards, load_rows
 
     reward_rows = load_rows(config.rewards, "rewards")  # rewards first: their errors are reported first
+    reward_rows = reward_column(reward_rows, config.reward_column)
     task_rows = load_rows(config.tasks, "tasks")
     data = join_rewards(reward_rows, task_rows)
     test, how = held_out_mask(data, config.test_split, config.seed)
@@ -136,6 +144,23 @@ def read_training_data(config: TrainConfig) -> tuple[Any, list[dict[str, Any]], 
         how,
     )
     return data, task_rows, test, how, cost_data
+
+
+def reward_column(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
+    """The rows with `column` as the rewards trained on (read where mean_reward is); one line naming the
+    first row without it."""
+    if column == DEFAULT_REWARD_COLUMN:
+        return rows
+    selected = []
+    for number, row in enumerate(rows, start=1):
+        if column not in row:
+            raise setting_error(
+                f"rewards row {number} ({row.get('task_id')}) has no column {column!r}; pass a rewards file that has "
+                "it (collect --from-journal writes feedback_reward), or another {reward_column}."
+            )
+        selected.append({**row, "mean_reward": row[column]})
+    logger.info("training on the rewards column %s", column)
+    return selected
 
 
 def backbone_embedder(config: TrainConfig, agents: list[str]) -> Any:
@@ -240,7 +265,7 @@ def run_report(
         model_id=config.model_id or model_id(config.backbone_id, data.agents, result.theta),
         backbone_model=config.backbone_id,
         backbone_revision=config.backbone_revision,
-        rewards_dataset=config.rewards_id or config.rewards,
+        rewards_dataset=rewards_source(config),
         n_head_params=int(result.theta.size),
         n_total=len(data),
         n_train=int((~test).sum()),
