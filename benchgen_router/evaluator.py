@@ -46,6 +46,7 @@ class EvaluateConfig:
     max_batch_tokens: int | None = None
     ood_queries: Path | None = None
     operating_point: str | None = None
+    tradeoffs: list[str] | None = None  # a probability head's rules (docs/tradeoff.md), each evaluated as a point
     calls: Path | None = None
     pool: Path | None = None
     plot: str | None = None
@@ -54,7 +55,8 @@ class EvaluateConfig:
 
 @dataclass
 class EvaluateReport:
-    """The evaluation of each point (None: a single head) on the prompts as given (`evaluations`)
+    """The evaluation of each point (None: a single head; with `tradeoffs`, each rule is a point) on the
+    prompts as given (`evaluations`)
     and in every form (`by_form`), the cost frontier (`frontier`: the evaluate_policies result, and
     `frontier_record` as stored) and the guard's measurement, when there are calls and a guard."""
 
@@ -63,6 +65,7 @@ class EvaluateReport:
     points: list[str | None]
     evaluations: dict[str | None, dict[str, Any]]
     by_form: dict[str, dict[str, dict[str, Any]]]
+    tradeoffs: bool = False  # the points are a probability head's trade-off rules, not operating points
     frontier: Any = None
     frontier_record: dict[str, Any] | None = None
     frontier_title: str = ""
@@ -76,8 +79,9 @@ class EvaluateReport:
         record = {"model": config.model, "rewards": config.rewards, "split": config.split}
         record.update(self.evaluations[self.primary])
         if self.primary is not None:
-            record["operating_point"] = self.primary
-            record["operating_points"] = {point: self.evaluations[point] for point in self.points}
+            kind = "tradeoff" if self.tradeoffs else "operating_point"
+            record[kind] = self.primary
+            record[f"{kind}s"] = {point: self.evaluations[point] for point in self.points}
         record["forms"] = self.by_form
         if self.frontier_record is not None:
             record["cost_frontier"] = self.frontier_record
@@ -115,7 +119,7 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
     from benchgen_router.forms import FORMS, in_form
     from benchgen_router.loading import load_router
     from benchgen_router.ood import PACKAGED_OOD_QUERIES, evaluate_guard, read_ood_queries
-    from benchgen_router.routing import operating_point_of, route_queries
+    from benchgen_router.routing import operating_point_of, route_queries, tradeoff_of
 
     if config.ood_queries is not None and not config.ood_queries.is_file():
         raise setting_error(f"{{ood_queries}} {config.ood_queries} not found; pass a JSONL file of query, group rows.")
@@ -142,11 +146,16 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
             "evaluate against rewards measured for this router's agents."
         )
     # None stands for a single-head router's only head, as in results_for
-    if config.operating_point is not None:
-        points: list[str | None] = [operating_point_of(model, config.operating_point)]
+    if config.tradeoffs:
+        if config.operating_point is not None:
+            raise InputError("--tradeoff and --operating-point exclude each other; a probability head has no points.")
+        points: list[str | None] = [tradeoff_of(model, rule) for rule in dict.fromkeys(config.tradeoffs)]
+    elif config.operating_point is not None:
+        points = [operating_point_of(model, config.operating_point)]
     else:
         points = list(model.config.operating_points) or [None]
     primary = model.config.operating_point if model.config.operating_point in points else points[0]
+    at_point = "tradeoffs" if config.tradeoffs else "operating_points"
     rewards = data.rewards[:, [data.agents.index(agent) for agent in pool]]  # columns in logit order
     route = partial(
         route_queries,
@@ -158,11 +167,16 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
     )
     where = f"{config.model or 'the default router'}"
     report = EvaluateReport(
-        title=f"evaluation of {where}", primary=primary, points=points, evaluations={}, by_form={f: {} for f in FORMS}
+        title=f"evaluation of {where}",
+        primary=primary,
+        points=points,
+        evaluations={},
+        by_form={f: {} for f in FORMS},
+        tradeoffs=bool(config.tradeoffs),
     )
     # Each point on the prompts as the data gives them and as users type them (forms.FORMS).
     routed = {
-        (form, point): route(in_form(data.prompts, form), operating_points=point) for form in FORMS for point in points
+        (form, point): route(in_form(data.prompts, form), **{at_point: point}) for form in FORMS for point in points
     }
     picks_at = {key: routed_at.picks for key, routed_at in routed.items()}
     for (form, point), picks in picks_at.items():
@@ -283,7 +297,9 @@ def place_against_fixed_agents(
             "calls": str(config.calls),
             "pool": None if config.pool is None else str(config.pool),
             "notes": list(costs.notes),
-            "operating_points": {point: point_name(point) for _, point in picks_at if point is not None},
+            "tradeoffs" if report.tradeoffs else "operating_points": {
+                point: point_name(point) for _, point in picks_at if point is not None
+            },
         }
     )
     report.frontier, report.frontier_record, report.cost_notes = result, stored, list(costs.notes)

@@ -201,3 +201,32 @@ def test_recalibrating_on_new_traffic_holds_the_budget_there(trained, tmp_path):
     assert stored["rows"] == 60
     for agent in AGENTS:  # the same traffic, a fresh load: the same calibration
         np.testing.assert_allclose(stored["margins"][agent], calibration["margins"][agent], atol=1e-5)
+
+
+def test_evaluate_at_each_tradeoff_scores_the_literal_picks(trained, tmp_path, capsys):
+    """`evaluate --tradeoff RULE` (repeated) reports each rule like an operating point: its mean reward
+    is that of the literal rule's picks on every joined row."""
+    folder, router, prompts, _ = trained
+    data = folder.parent
+    rewards = {row["task_id"]: row["mean_reward"] for row in map(json.loads, (data / "r.jsonl").open())}
+    model = AutoModel.from_pretrained(router, trust_remote_code=True)
+    weight, bias, config = saved_head(router)
+    costs = np.array(config["agent_costs_per_1k"])
+    batch = AutoTokenizer.from_pretrained(router)(prompts, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        p = 1 / (1 + np.exp(-(model(**batch).embeddings.double().numpy() @ weight.T + bias)))
+    reward_matrix = np.array([rewards[f"t{i}"] for i in range(len(prompts))])
+    output = tmp_path / "evaluation.json"
+    args = ["--model", router, "--rewards", data / "r.jsonl", "--tasks", data / "t.jsonl", "--no-progress"]
+    rules = {"tolerance=0.05": literal_tolerance(p, costs, 0.05), "lambda=0.2": literal_lambda(p, costs, 0.2)}
+    tradeoffs = [arg for rule in rules for arg in ("--tradeoff", rule)]
+    assert cli("evaluate", *args, *tradeoffs, "--output-json", output) == 0
+    printed = capsys.readouterr().out
+    record = json.loads(output.read_text())
+    assert list(record["tradeoffs"]) == list(rules) and record["tradeoff"] == "tolerance=0.05"
+    for rule, picks in rules.items():
+        expected = reward_matrix[np.arange(len(prompts)), picks].mean()
+        assert record["tradeoffs"][rule]["router"] == pytest.approx(expected, abs=1e-9), rule
+        assert f"at trade-off '{rule}'" in printed
+    assert cli("evaluate", *args, "--tradeoff", "budget=2") == 2
+    assert cli("evaluate", *args, "--tradeoff", "lambda=0.2", "--operating-point", "quality") == 2

@@ -16,7 +16,8 @@ prompts may include the ones the guard was fitted on, which makes the kept share
 
 A router with operating points (one head per quality/cost/latency trade-off) is evaluated at each
 of its points, or only at --operating-point; the top-level figures of --output-json are those of
-its default point (or the one asked for).
+its default point (or the one asked for). A router with a probability head is evaluated at its
+default decision, or at each --tradeoff rule given (docs/tradeoff.md), each reported like a point.
 
 With --calls (the raw per-call records, rewards.v1-pilot.jsonl format) it also reports each
 evaluated point's mean reward, cost (USD per 1,000 queries), latency and share of queries per agent
@@ -73,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--operating-point",
         metavar="NAME",
         help="evaluate only this operating point of the router (default: every point, or its single head)",
+    )
+    parser.add_argument(
+        "--tradeoff",
+        dest="tradeoffs",
+        action="append",
+        metavar="RULE",
+        help="a probability head's trade-off rule to evaluate at, e.g. budget=0.3 or tolerance=0.05 "
+        "(docs/tradeoff.md); repeat it to evaluate several, each reported like an operating point",
     )
     parser.add_argument(
         "--calls",
@@ -134,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         on_split = f" on split '{args.split}'" if args.split else ""
         for form, evaluations in report.by_form.items():
             for point in report.points:
-                at = "" if point is None else f" at operating point '{point}'"
+                kind = "trade-off" if report.tradeoffs else "operating point"
+                at = "" if point is None else f" at {kind} '{point}'"
                 suffix = "" if form == "formatted" else f", {form} questions"
                 print(format_evaluation(evaluations[point or "router"], report.title + at + on_split + suffix))
         if report.frontier is not None:
@@ -156,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         if not evaluation["beats_best_fixed_agent"]:
             logger.warning(
                 "warning: the router%s does not beat the best fixed agent (%s, %.4f) on these rows.",
-                "" if point is None else f" at operating point '{point}'",
+                "" if point is None else f" at {'trade-off' if report.tradeoffs else 'operating point'} '{point}'",
                 evaluation["best_fixed_agent_id"],
                 evaluation["best_fixed_agent"],
             )
