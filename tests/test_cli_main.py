@@ -132,6 +132,10 @@ def test_benchmark_options_reach_the_benchmark_named_and_bench_alone_is_routing_
         (["bench", "load-memory", "--modes", "mapped"], "invalid choice: 'mapped'"),
         (["bench", "streaming", "--lines", "100", "-5"], "argument --lines: must be a positive integer, got -5"),
         (["bench", "service", "--layers", "4"], "unrecognized arguments: --layers 4"),
+        (
+            ["bench", "--queries", "16", "service"],
+            "--queries: options of `bench` alone; give service's own after",
+        ),
     ],
 )
 def test_bad_benchmark_usage_is_one_line_and_exit_2(argv, message, capsys):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from benchgen_router.bench.routing import (
@@ -71,7 +72,10 @@ def add_benchmark_subcommands(parser: argparse.ArgumentParser) -> None:
     """`bench service`, `bench load-memory`, `bench streaming`; without one, `bench` is the routing benchmark."""
     parser.usage = f"%(prog)s [options]\n       %(prog)s {{{','.join(BENCHMARKS)}}} [options]"
     benchmarks = parser.add_subparsers(
-        dest="benchmark", metavar="BENCHMARK", title="other benchmarks (their options follow their name)"
+        dest="benchmark",
+        metavar="BENCHMARK",
+        title="other benchmarks (their options follow their name)",
+        action=BenchmarkName,
     )
     for name, module_name in BENCHMARKS.items():
         module = importlib.import_module(f"benchgen_router.cli.{module_name}")
@@ -82,6 +86,28 @@ def add_benchmark_subcommands(parser: argparse.ArgumentParser) -> None:
             "--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help="tracebacks and library notices"
         )
         subparser.set_defaults(benchmark_module=module)
+
+
+class BenchmarkName(argparse._SubParsersAction):
+    """A benchmark's name. The routing benchmark's options given before it would be dropped without a word
+    (or replaced by the benchmark's own defaults of the same name), so they are a usage error."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Sequence[str],
+        option_string: str | None = None,
+    ) -> None:
+        given = [
+            action.option_strings[0]
+            for action in parser._actions
+            if action.option_strings and action.dest not in ("help", "verbose")
+            if getattr(namespace, action.dest, action.default) != action.default
+        ]
+        if given:
+            parser.error(f"{', '.join(given)}: options of `bench` alone; give {values[0]}'s own after its name")
+        super().__call__(parser, namespace, values, option_string)
 
 
 def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
