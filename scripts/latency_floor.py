@@ -1,17 +1,21 @@
-"""Where the time of a one-query request goes, in one run on loopback: the figures docs/service.md
-gives under "Why the targets are still missed". From the project root:
+"""Where the time of a one-query request goes, in one run on loopback, one part at a time: the floor
+under `benchgen-router bench service`'s latency at 1 client. From the project root:
 
     python scripts/latency_floor.py --requests 300 --modes throughput,standard
 
 Three parts, each at 1 client with requests sent one after another:
 
-1. The default router in-process on one torch thread (as each replica runs it): CPU time per query
-   in runs of 1 to 256 queries.
-2. An empty Ray Serve app of the service's shape on a Ray of its own per mode: an ingress that
-   answers by itself, one that calls a deployment returning its argument, and one whose deployment
-   hands the call to a worker thread first, as the router replica does.
-3. The service itself (serve() with the default router) in the same mode: /healthz, which calls no
-   replica, and /v1/route with one query.
+1. The default router in-process on one torch thread (as each replica runs it): wall and CPU time
+   per query in runs of 1 to 256 queries.
+2. An empty Ray Serve app of the service's shape, on a Ray of its own per mode: one deployment that
+   is the HTTP ingress (HAProxy in front in throughput mode, Ray Serve's proxy in standard mode),
+   answering on its event loop, or handing the call to its one worker thread first, as the router
+   replica does.
+3. The service itself (serve() with the default router) in the same mode: /healthz, which runs no
+   model, and /v1/route with one query.
+
+The model's one-query cost (1) plus the empty app's (2) is what a request cannot go below; the
+rest of (3) is the service's own work per request.
 """
 
 from __future__ import annotations
@@ -71,70 +75,68 @@ def model_costs() -> None:
 
 
 def empty_app() -> object:
-    """Front -> Echo and Front -> EchoViaThread, like the service's ingress -> router replica."""
+    """One deployment that is the HTTP ingress, like the service's: /nothing answers on the event loop,
+    /via-thread hands the call to the replica's one worker thread first."""
+    from fastapi import FastAPI
     from ray import serve
-    from starlette.requests import Request
 
-    # No CPUs reserved: three replicas on two cores, each idle but for one request at a time.
+    api = FastAPI()
+
+    # No CPU reserved: the replica is idle but for one request at a time.
     @serve.deployment(ray_actor_options={"num_cpus": 0})
-    class Echo:
-        def __init__(self, hand_off: bool) -> None:
-            self.executor = ThreadPoolExecutor(1) if hand_off else None
+    @serve.ingress(api)
+    class Empty:
+        def __init__(self) -> None:
+            self.executor = ThreadPoolExecutor(1)
 
-        async def __call__(self, query: str) -> str:
-            if self.executor is None:
-                return query
-            return await asyncio.get_running_loop().run_in_executor(self.executor, str, query)
+        @api.post("/nothing")
+        async def nothing(self, body: dict) -> dict:
+            return {"answer": body["query"]}
 
-        async def __del__(self) -> None:
-            if self.executor is not None:
-                self.executor.shutdown()
+        @api.post("/via-thread")
+        async def via_thread(self, body: dict) -> dict:
+            answer = await asyncio.get_running_loop().run_in_executor(self.executor, str, body["query"])
+            return {"answer": answer}
 
-    @serve.deployment(ray_actor_options={"num_cpus": 0})
-    class Front:
-        def __init__(self, echo: object, echo_via_thread: object) -> None:  # deployment handles
-            self.targets = {"/echo": echo, "/echo-via-thread": echo_via_thread}
+        def __del__(self) -> None:
+            self.executor.shutdown()
 
-        async def __call__(self, request: Request) -> dict:
-            query = (await request.json())["query"]
-            target = self.targets.get(request.url.path)
-            return {"answer": query if target is None else await target.remote(query)}
-
-    return Front.bind(Echo.options(name="Echo").bind(False), Echo.options(name="EchoViaThread").bind(True))
+    return Empty.bind()
 
 
 def measure_mode(mode: str, requests: int) -> None:
-    import ray
     from ray import serve as ray_serve
 
     from benchgen_router.serving import free_port, serve
+    from benchgen_router.serving.local_ray import new_local_ray, stop_local_ray
     from benchgen_router.serving.service import start_ray
 
     print(f"\n## Ray Serve in {mode} mode\n")
     print("| request | p50 ms |")
     print("| --- | ---: |")
     port = free_port()
-    start_ray(None, num_cpus=2, mode=mode)  # a private Ray in `mode`, as serve() starts one
+    local_ray = new_local_ray()  # a private Ray in `mode`, stopped with nothing left, as serve() starts one
     try:
+        start_ray(None, num_cpus=2, mode=mode, local_ray=local_ray)
+        local_ray.watch()
         ray_serve.start(http_options={"host": HOST, "port": port}, logging_config={"enable_access_log": False})
         ray_serve.run(empty_app(), name="empty", route_prefix="/")
         with httpx.Client(base_url=f"http://{HOST}:{port}", trust_env=False, timeout=30) as http:
             for path, what in (
-                ("/nothing", "empty app: the ingress answers by itself"),
-                ("/echo", "empty app: the ingress calls a deployment"),
-                ("/echo-via-thread", "empty app: ... whose call goes to a worker thread"),
+                ("/nothing", "empty app: the deployment answers on its event loop"),
+                ("/via-thread", "empty app: ... after a hop to its worker thread (as the replica scores)"),
             ):
                 call = functools.partial(http.post, path, json={"query": "x"})
                 print(f"| {what} | {p50_ms(call, requests):.1f} |")
     finally:
         ray_serve.shutdown()
-        ray.shutdown()
+        stop_local_ray(local_ray)
     with (
         serve(None, port=free_port(), blocking=False, throughput_mode=mode == "throughput") as service,
         httpx.Client(base_url=service.url, trust_env=False, timeout=30) as http,
     ):
         body = {"queries": ["What is the derivative of x squared, and why?"]}
-        print(f"| the service: /healthz | {p50_ms(lambda: http.get('/healthz'), requests):.1f} |")
+        print(f"| the service: /healthz (no model) | {p50_ms(lambda: http.get('/healthz'), requests):.1f} |")
         route = functools.partial(http.post, "/v1/route", json=body)
         print(f"| the service: /v1/route, one query | {p50_ms(route, requests):.1f} |")
 
