@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,8 +38,11 @@ class Upstream:
     price_per_1m_prompt_usd: float | None = None
     price_per_1m_output_usd: float | None = None
 
+    def api_key(self, environ: Mapping[str, str] = os.environ) -> str | None:
+        return environ.get(self.api_key_env) if self.api_key_env else None
+
     def headers(self, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-        key = environ.get(self.api_key_env) if self.api_key_env else None
+        key = self.api_key(environ)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def cost_usd(self, usage: Mapping[str, Any] | None) -> float | None:
@@ -55,6 +58,15 @@ class Upstream:
         if not all(_is_amount(value) for value in (prompt, completion, *prices)):
             return None
         return (prompt * prices[0] + completion * prices[1]) / TOKENS_PER_PRICE_UNIT
+
+
+def mask_keys(text: str, keys: Iterable[str | None]) -> str:
+    """`text` with each key in it replaced by ***: an upstream that echoes a key back (a 401's "Incorrect API
+    key provided: Bearer sk-...") must not hand it to whoever reads its answer, a client or a log."""
+    for key in keys:
+        if key:
+            text = text.replace(key, "***")
+    return text
 
 
 def retryable_status(status: int) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from benchgen_router.errors import first_line
-from benchgen_router.upstreams import Upstream, retryable_status
+from benchgen_router.upstreams import Upstream, mask_keys, retryable_status
 
 if TYPE_CHECKING:  # httpx is the collect extra's; imported when a call is made
     import httpx
@@ -149,7 +149,6 @@ async def ask(
     if temperature is not None:
         body["temperature"] = temperature
     headers = upstream.headers(environ)
-    key = environ.get(upstream.api_key_env) if upstream.api_key_env else None
     url = f"{upstream.base_url}/chat/completions"
     attempt = 0
     while True:
@@ -168,7 +167,7 @@ async def ask(
             return Answer(content, usage, generation_id, latency_ms)
         except _Failure as failure:
             latency_ms = round((time.perf_counter() - started) * 1000)
-            message = str(failure).replace(key, "***") if key else str(failure)
+            message = mask_keys(str(failure), [upstream.api_key(environ)])
             if not failure.retryable or attempt == policy.retries:
                 tries = f" (after {attempt + 1} attempts)" if attempt else ""
                 return Answer(None, None, None, latency_ms, message[:MAX_ERROR_CHARS] + tries)
