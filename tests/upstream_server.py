@@ -21,6 +21,7 @@ them pytest's warning that it came too late to rewrite asserts (this file raises
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -30,10 +31,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -375,14 +378,121 @@ class ReplayUpstream:
         self.base_url = f"http://{HOST}:{self.server.server_address[1]}/v1"
 
     def __enter__(self) -> ReplayUpstream:
-        import threading
-
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@dataclass(frozen=True)
+class Scripted:
+    """How MisbehavingUpstream answers one request: `status`, `headers` and `body` (JSON when not bytes);
+    with `endless`, the body never ends: `body` is sent, then `endless` every `every_s` (a slow model's stream,
+    or a huge answer when `every_s` is 0), until the caller closes the connection."""
+
+    status: int = 200
+    body: object = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    endless: bytes = b""
+    every_s: float = 0.2
+
+
+class MisbehavingUpstream:
+    """An upstream on 127.0.0.1 that answers each request as `script(body)` says (Scripted): an error body that
+    echoes the key it was sent, a 429 with Retry-After, absurd usage, an answer that never ends. `holding`
+    counts the requests it is answering now, `closed` those whose caller closed the connection before the end,
+    `requests` records each request body, `heads` each request's line and headers."""
+
+    def __init__(self, script: Callable[[dict], Scripted]) -> None:
+        self.script = script
+        self.holding = self.closed = 0
+        self.requests: list[dict] = []
+        self.heads: list[bytes] = []
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}/v1"
+
+    def __enter__(self) -> MisbehavingUpstream:
+        self.thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(asyncio.start_server(self.answer, HOST, 0), self.loop).result(10)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        async def stop() -> None:
+            self.server.close()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def wait_closed(self, before: int, timeout_s: float) -> float | None:
+        """Seconds until `closed` exceeds `before` and nothing is held, or None after `timeout_s`."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            if self.closed > before and not self.holding:
+                return time.monotonic() - started
+            time.sleep(0.02)
+        return None
+
+    async def answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                (
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
+            body = json.loads(await reader.readexactly(length)) if length else {}
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError):
+            writer.close()
+            return
+        self.heads.append(head)
+        self.requests.append(body)
+        scripted = self.script(body)
+        data = scripted.body if isinstance(scripted.body, bytes) else json.dumps(scripted.body).encode()
+        headers = {"content-type": "application/json", **scripted.headers}
+        framing = "transfer-encoding: chunked" if scripted.endless else f"content-length: {len(data)}"
+        lines = [f"HTTP/1.1 {scripted.status} Scripted", *(f"{k}: {v}" for k, v in headers.items()), framing]
+        self.holding += 1
+        try:
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+            if not scripted.endless:
+                writer.write(data)
+                await writer.drain()
+                return
+            if data:
+                writer.write(_chunk(data))
+            while True:
+                writer.write(_chunk(scripted.endless))
+                await writer.drain()
+                try:
+                    if not await asyncio.wait_for(reader.read(65536), scripted.every_s):
+                        break  # the caller closed the connection
+                except TimeoutError:
+                    pass
+            self.closed += 1
+        except ConnectionError:
+            self.closed += 1
+        finally:
+            self.holding -= 1
+            writer.close()
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
 def parse_sse(lines: Iterable[str]) -> tuple[list[dict], bool]:
