@@ -51,6 +51,7 @@ from benchgen_router.serving.gateway import (  # noqa: E402
     encode_body,
     names_upstreams,
     parse_model,
+    plausible_usage,
     retry_agent,
     routed_plan,
     routing_text,
@@ -153,14 +154,19 @@ def test_the_text_routed_on_is_the_last_user_message_or_the_conversation():
 
 def test_the_cost_header_is_the_billed_cost_else_the_tokens_at_the_pool_prices():
     alpha = POOL.upstreams["alpha"]
-    assert cost_headers(alpha, {"prompt_tokens": 1000, "completion_tokens": 500}) == {
+
+    def header(usage):
+        return cost_headers(plausible_usage(alpha, usage))
+
+    assert header({"prompt_tokens": 1000, "completion_tokens": 500}) == {
         "x-benchgen-cost-usd": "0.0020000000"  # (1000 x 1 + 500 x 2) / 1M
     }
     billed = {"prompt_tokens": 1000, "completion_tokens": 500, "cost": 0.00042}
-    assert cost_headers(alpha, billed) == {"x-benchgen-cost-usd": "0.0004200000"}  # OpenRouter's own figure
-    assert cost_headers(alpha, None) == {} and cost_headers(alpha, {"total_tokens": 3}) == {}
+    assert header(billed) == {"x-benchgen-cost-usd": "0.0004200000"}  # OpenRouter's own figure
+    assert header(None) == {} and header({"total_tokens": 3}) == {}
     unpriced = Upstream(agent="alpha", model="m", base_url="http://h/v1")
-    assert cost_headers(unpriced, {"prompt_tokens": 1, "completion_tokens": 1}) == {}
+    assert cost_headers(plausible_usage(unpriced, {"prompt_tokens": 1, "completion_tokens": 1})) == {}
+    assert header({"prompt_tokens": 10**30, "completion_tokens": 1}) == {}  # no call uses that: not priced
 
 
 def test_a_failed_call_is_retried_on_the_fallback_and_never_on_the_agent_that_failed():

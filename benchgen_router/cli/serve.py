@@ -112,6 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=16 << 20,
         help="chat completion body size at most (default: 16 MiB)",
     )
+    gateway.add_argument(
+        "--gateway-max-response-bytes",
+        type=positive_int,
+        default=32 << 20,
+        help="an upstream's non-streamed answer size at most; a larger one is answered 502, unread (default: 32 MiB)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         gateway_fallback=args.gateway_fallback,
         gateway_timeout_s=args.gateway_timeout,
         gateway_max_request_bytes=args.gateway_max_request_bytes,
+        gateway_max_response_bytes=args.gateway_max_response_bytes,
         throughput_mode=args.throughput_mode,
     )
     return 0

@@ -9,14 +9,16 @@ thread, which merges the queries of every request waiting (serving/replica.py).
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) as types.
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -57,6 +59,7 @@ from benchgen_router.serving.replica import (
 )
 
 logger = logging.getLogger("benchgen_router.serving")
+T = TypeVar("T")
 
 SERVICE_NAME = "Router"
 DEFAULT_MAX_QUERIES = 256
@@ -75,7 +78,12 @@ DEFAULT_MAX_WAITING_QUERIES = 1024
 READY_WAIT_S = 1.0
 # What a 503 tells a client (and HAProxy) about when to come back.
 RETRY_HEADERS = {"Retry-After": "1"}
+# What a request whose client left is logged with (nginx's "client closed request"); no one reads it.
+CLIENT_GONE_STATUS = 499
 ROUTED_COUNTER = "benchgen_router_routed_queries"
+# The gateway's routes: their errors are in OpenAI's shape, which its clients parse, even when no
+# route matched (an unknown model name that no path can hold) or the method is wrong.
+GATEWAY_PATHS = ("/v1/chat/", "/v1/models", "/v1/feedback")
 REJECTED_COUNTER = "benchgen_router_rejected_requests"
 
 
@@ -210,7 +218,9 @@ def error_response(
 ) -> JSONResponse:
     """The one-line answer; on the gateway's routes, OpenAI's error shape, which its clients parse."""
     headers = RETRY_HEADERS if status == 503 else None
-    if request is not None and getattr(request.state, "openai_errors", False):
+    if request is not None and (
+        getattr(request.state, "openai_errors", False) or request.scope["path"].startswith(GATEWAY_PATHS)
+    ):
         body = openai_error(status, message, getattr(err, "code", None), getattr(err, "param", None))
         return JSONResponse(body, status_code=status, headers=headers)
     return JSONResponse({"error": message}, status_code=status, headers=headers)
@@ -218,7 +228,12 @@ def error_response(
 
 @api.exception_handler(StarletteHTTPException)
 async def _http_problem(request: Request, err: StarletteHTTPException) -> JSONResponse:
-    hints = {404: f"no such endpoint: {request.url.path}; see /docs", 405: f"{request.method} is not allowed here"}
+    path = request.scope["path"]  # as sent: request.url drops the CR LF a client may have put in it
+    if err.status_code == 404 and path.startswith("/v1/models/"):  # a name the route's pattern cannot hold (CRLF)
+        name = path.removeprefix("/v1/models/")
+        message = f"the model {name!r} does not exist here; see GET /v1/models."
+        return error_response(request, 404, message, GatewayError(404, message, code="model_not_found"))
+    hints = {404: f"no such endpoint: {path!r}; see /docs", 405: f"{request.method} is not allowed here"}
     return error_response(request, err.status_code, hints.get(err.status_code, str(err.detail)))
 
 
@@ -279,6 +294,32 @@ async def read_body(request: Request, max_request_bytes: int, timeout_s: float =
             raise
         raise RequestError(400, "the client disconnected before sending the whole body.") from None
     return b"".join(chunks)
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns once the client is gone. Called after its body is read, when the next message the server
+    has for the request is its disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.1)  # not expected after the body; never a busy loop
+
+
+async def while_connected(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None when the client went away first: then `work` (an upstream call, which the
+    pool bills as long as it runs) is cancelled at once. Ray Serve cancels a request whose client leaves in
+    some of its modes only; this holds in every mode."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return None
+    return task.result()
 
 
 def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any, Any]:
@@ -505,7 +546,7 @@ class RouterService:
         payload = await off_loop(big, parse_chat_body, body)
         target = parse_model(payload.get("model"), gateway.settings.upstreams, loaded.point_names)
         if target.upstream is not None:
-            return await gateway.forward(payload, Plan(attempts=(target.upstream,), routed=False), big)
+            return await self.relayed(request, gateway, payload, Plan(attempts=(target.upstream,), routed=False), big)
         tradeoff = chosen_tradeoff(target, payload)
         try:
             request_tradeoff(loaded.router, tradeoff)
@@ -515,14 +556,32 @@ class RouterService:
         text = routing_text(payload.get("messages"), gateway.settings.route_on)
         try:
             (result,) = await self.scored(loaded, [text], target.point, tradeoff)
-        except RouterError as refusal:  # e.g. text the router's tokenizer reduces to nothing
+        except RouterError as refusal:  # text the router's tokenizer reduces to nothing
             if isinstance(refusal, RequestError):
                 raise
-            raise GatewayError(400, first_line(refusal), param="messages") from None
+            raise GatewayError(
+                400,
+                "the user text the router scores is nothing once tokenized (only invisible or unknown "
+                "characters); send a message with words.",
+                param="messages",
+            ) from None
         self.routed.inc(1, tags={"agent": result["picked_agent"]})
         router_fallback = loaded.fallbacks.get(result.get("operating_point"))
         plan = routed_plan(result, gateway.settings.upstreams, gateway.settings.fallback_agent, router_fallback)
-        return await gateway.forward(payload, plan, big)
+        return await self.relayed(request, gateway, payload, plan, big)
+
+    async def relayed(
+        self, request: Request, gateway: Gateway, payload: dict[str, Any], plan: Plan, big: bool
+    ) -> Response:
+        """The upstream's answer; its call cancelled as soon as the client leaves (a stream's relay stops the
+        same way, in UpstreamStream)."""
+        answer = await while_connected(request, gateway.forward(payload, plan, big))
+        if answer is None:
+            logger.info(
+                "gateway: a client left before its answer; the call to %s was cancelled", plan.attempts[0].agent
+            )
+            return Response(status_code=CLIENT_GONE_STATUS)
+        return answer
 
     @api.get("/v1/models", summary="OpenAI's model list: the router, at each operating point, and each agent")
     async def models(self, request: Request) -> dict[str, Any]:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import time
+import unicodedata
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 
 from benchgen_router.errors import InputError, setting_error
 from benchgen_router.files import text_problem
-from benchgen_router.upstreams import Upstream, UpstreamPool, retryable_status
+from benchgen_router.upstreams import Upstream, UpstreamPool, mask_keys, retryable_status
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -51,9 +53,17 @@ LARGE_BODY_BYTES = 1 << 20
 KEEPALIVE_CONNECTIONS = 256
 # A stream's line longer than this is no usage event; dropped rather than buffered.
 MAX_EVENT_BYTES = 1 << 20
-# The upstream's headers a client may use; the rest (its server, cookies, lengths) stay behind.
-PASSED_HEADERS = ("content-type", "retry-after", "x-request-id", "openai-processing-ms")
+# A non-streamed answer is held whole before it is relayed: past this size it is refused (a 502), unread.
+DEFAULT_MAX_RESPONSE_BYTES = 32 << 20
+# The upstream's headers a client may use; the rest (its server, cookies, lengths) stay behind. Its
+# x-request-id is renamed: the service sends its own, and a client must get one.
+PASSED_HEADERS = ("content-type", "retry-after", "openai-processing-ms")
 PASSED_HEADER_PREFIXES = ("x-ratelimit-",)
+RENAMED_HEADERS = {"x-request-id": "x-benchgen-upstream-request-id"}
+# Usage past these is no real call's (a hostile or broken upstream): dropped from the metrics and the
+# cost header, and counted apart, so that no series can be poisoned or overflow.
+MAX_TOKENS_PER_CALL = 10_000_000
+MAX_COST_PER_CALL_USD = 1000.0
 LATENCY_BUCKETS_S = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
 
 
@@ -84,6 +94,7 @@ class GatewaySettings:
     fallback_agent: str | None = None  # None: the router's fallback for the point, else the head's next choice
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
 
 
 def names_upstreams(document: Any) -> bool:
@@ -202,6 +213,12 @@ def routing_text(messages: Any, route_on: str) -> str:
     texts = [(role, text) for role, text in texts if text.strip()]
     if not any(role == "user" for role, _ in texts):
         raise GatewayError(400, "the messages hold no user text for the router to score.", param="messages")
+    if not any(visible(text) for role, text in texts if role == "user"):
+        raise GatewayError(
+            400,
+            "the user text holds only invisible characters (zero-width, control); send a message with words.",
+            param="messages",
+        )
     text = texts[-1][1] if route_on == "last-user" else "\n\n".join(text for _, text in texts)
     text = text[:ROUTING_TEXT_MAX_CHARS]
     problem = text_problem(text, "the text to route on")
@@ -210,13 +227,47 @@ def routing_text(messages: Any, route_on: str) -> str:
     return text
 
 
+class NotJsonNumber(ValueError):
+    """NaN, Infinity, or a number too large for a float: Python's json reads them, JSON has none."""
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJsonNumber(text)
+    return value
+
+
+def not_a_number(text: str) -> float:
+    raise NotJsonNumber(text)
+
+
+# Unicode categories that show nothing: format (zero-width spaces, joiners), control, separators.
+INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
+
+
+def visible(text: str) -> bool:
+    return any(unicodedata.category(character) not in INVISIBLE_CATEGORIES for character in text)
+
+
 def parse_chat_body(body: bytes) -> dict[str, Any]:
+    """The request's JSON object, with its documented fields' types checked; no NaN or Infinity, which
+    would be sent upstream as invalid JSON."""
     try:
-        payload = json.loads(body)
+        payload = json.loads(body, parse_constant=not_a_number, parse_float=finite_float)
+    except NotJsonNumber as err:
+        raise GatewayError(
+            400, f"the body holds the number {err}, which JSON does not allow; send finite numbers."
+        ) from None
     except (ValueError, RecursionError):
         raise GatewayError(400, "the body is not valid JSON; send an OpenAI chat completion request.") from None
     if not isinstance(payload, dict):
         raise GatewayError(400, f"the body is a JSON {type(payload).__name__}, not an object.")
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayError(
+            400, f'"stream" is {json.dumps(stream)[:40]}, not a boolean; send true or false.', param="stream"
+        )
     return payload
 
 
@@ -282,11 +333,49 @@ def routed_plan(
     return Plan(attempts=attempts, routed=True, decision=decision)
 
 
-def cost_headers(upstream: Upstream, usage: Mapping[str, Any] | None) -> dict[str, str]:
-    """x-benchgen-cost-usd: the upstream's billed usage.cost, else its tokens at the pool's prices;
-    absent when neither is known."""
+@dataclass(frozen=True)
+class CallUsage:
+    """What a call used, as counted: its tokens and cost (None: not reported, or not priced)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+
+
+def plausible_usage(upstream: Upstream, usage: Mapping[str, Any] | None) -> CallUsage | None:
+    """The tokens and cost of a call's `usage`; None when they are not believable (a token count that is
+    not a whole number from 0 to MAX_TOKENS_PER_CALL; a cost that is negative, not finite, or over
+    MAX_COST_PER_CALL_USD, billed or at the pool's prices): such usage is counted nowhere."""
+    if usage is None:
+        return CallUsage()
+    tokens = []
+    for key in ("prompt_tokens", "completion_tokens"):
+        count = usage.get(key)
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_TOKENS_PER_CALL
+        ):
+            return None
+        tokens.append(count)
+    billed = usage.get("cost")
+    if billed is not None and not (
+        isinstance(billed, int | float)
+        and not isinstance(billed, bool)
+        and math.isfinite(billed)
+        and 0 <= billed <= MAX_COST_PER_CALL_USD
+    ):
+        return None
     cost = upstream.cost_usd(usage)
-    return {} if cost is None else {"x-benchgen-cost-usd": f"{cost:.10f}"}
+    if cost is not None and not cost <= MAX_COST_PER_CALL_USD:
+        return None
+    return CallUsage(tokens[0], tokens[1], cost)
+
+
+def cost_headers(usage: CallUsage | None) -> dict[str, str]:
+    """x-benchgen-cost-usd: the upstream's billed usage.cost, else its tokens at the pool's prices;
+    absent when neither is known, or the usage is not believable."""
+    if usage is None or usage.cost_usd is None:
+        return {}
+    return {"x-benchgen-cost-usd": f"{usage.cost_usd:.10f}"}
 
 
 def body_usage(content: bytes) -> dict[str, Any] | None:
@@ -299,11 +388,13 @@ def body_usage(content: bytes) -> dict[str, Any] | None:
 
 
 def passed_headers(reply: httpx.Response) -> dict[str, str]:
-    return {
+    passed = {
         name: value
         for name, value in reply.headers.items()
         if name in PASSED_HEADERS or name.startswith(PASSED_HEADER_PREFIXES)
     }
+    passed.update({RENAMED_HEADERS[name]: value for name, value in reply.headers.items() if name in RENAMED_HEADERS})
+    return passed
 
 
 def failure_reason(err: httpx.HTTPError, timeout_s: float) -> tuple[str, str]:
@@ -369,6 +460,11 @@ class GatewayMetrics:
             description="Upstream calls that failed (timeout, connect, transport, 429, 5xx), by agent and reason.",
             tag_keys=("agent", "reason"),
         )
+        self.implausible_usage = Counter(
+            "benchgen_router_gateway_implausible_usage",
+            description="Calls whose usage was not counted: token counts or costs no real call has, by agent.",
+            tag_keys=("agent",),
+        )
         self.latency = Histogram(
             "benchgen_router_gateway_upstream_latency_seconds",
             description="From the call to the upstream's last byte, by agent and stream (true, false).",
@@ -379,18 +475,26 @@ class GatewayMetrics:
     def answered(self, plan: Plan, agent: str, status: int) -> None:
         self.requests.inc(1, tags={"agent": agent, "kind": plan.kind, "status": f"{status // 100}xx"})
 
-    def finished(self, upstream: Upstream, usage: Mapping[str, Any] | None, seconds: float, stream: bool) -> None:
+    def finished(
+        self, upstream: Upstream, usage: Mapping[str, Any] | None, seconds: float, stream: bool
+    ) -> CallUsage | None:
+        """Count a finished call; its usage as counted (None: not believable, counted apart)."""
         tags = {"agent": upstream.agent}
         self.latency.observe(seconds, tags={**tags, "stream": str(stream).lower()})
-        if usage is None:
-            return
-        for counter, key in ((self.prompt_tokens, "prompt_tokens"), (self.completion_tokens, "completion_tokens")):
-            tokens = usage.get(key)
-            if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+        counted = plausible_usage(upstream, usage)
+        if counted is None:
+            self.implausible_usage.inc(1, tags=tags)
+            logger.warning("gateway: agent %s reported usage no call has; not counted", upstream.agent)
+            return None
+        for counter, tokens in (
+            (self.prompt_tokens, counted.prompt_tokens),
+            (self.completion_tokens, counted.completion_tokens),
+        ):
+            if tokens:
                 counter.inc(tokens, tags=tags)
-        cost = upstream.cost_usd(usage)
-        if cost:
-            self.cost.inc(cost, tags=tags)
+        if counted.cost_usd:
+            self.cost.inc(counted.cost_usd, tags=tags)
+        return counted
 
 
 class Gateway:
@@ -431,51 +535,84 @@ class Gateway:
 
     async def forward(self, payload: dict[str, Any], plan: Plan, big: bool) -> Response:
         """The first answer of the plan's agents that is neither a failure nor a 429/5xx: a JSON answer
-        whole, a stream as it comes (UpstreamStream). When every agent fails, a 502."""
+        whole, a stream as it comes (UpstreamStream). The last agent's 429 is passed on, with its
+        Retry-After; when every agent fails, a 502."""
         stream = payload.get("stream") is True
         failures: list[str] = []
-        for upstream in plan.attempts:
+        for position, upstream in enumerate(plan.attempts):
             body = await off_loop(big, encode_body, payload, upstream.model)
             started = time.perf_counter()
             try:
-                reply = await self.call(upstream, body, stream)
+                reply, content = await self.call(upstream, body, stream)
             except httpx.HTTPError as err:
                 failures.append(self.failed(upstream, *failure_reason(err, self.settings.timeout_s)))
                 continue
-            if retryable_status(reply.status_code):
-                failures.append(self.failed(upstream, str(reply.status_code), f"answered {reply.status_code}"))
-                continue
+            except ResponseTooLarge as err:  # not retried: the call was answered, and billed
+                self.failed(upstream, "too_large", str(err))
+                self.metrics.answered(plan, upstream.agent, 502)
+                raise GatewayError(502, f"agent '{upstream.agent}' {err}.", code="upstream_error") from None
+            status = reply.status_code
+            if retryable_status(status):
+                words = self.failed(upstream, str(status), f"answered {status}")
+                if not (status == 429 and position == len(plan.attempts) - 1):
+                    failures.append(words)
+                    continue
             headers = {**passed_headers(reply), **plan.headers(upstream)}
-            self.metrics.answered(plan, upstream.agent, reply.status_code)
-            if stream and reply.is_success:
+            self.metrics.answered(plan, upstream.agent, status)
+            if content is None:
                 return UpstreamStream(reply, upstream, headers, self.metrics, started, self.settings.timeout_s)
-            usage = body_usage(reply.content) if reply.is_success else None
-            self.metrics.finished(upstream, usage, time.perf_counter() - started, stream=False)
-            return Response(
-                reply.content, status_code=reply.status_code, headers={**headers, **cost_headers(upstream, usage)}
-            )
+            usage = body_usage(content) if reply.is_success else None
+            counted = self.metrics.finished(upstream, usage, time.perf_counter() - started, stream=False)
+            return Response(self.masked(content), status_code=status, headers={**headers, **cost_headers(counted)})
         self.metrics.answered(plan, plan.attempts[0].agent, 502)
         raise GatewayError(502, f"no upstream answered: {'; '.join(failures)}.", code="upstream_error")
 
-    async def call(self, upstream: Upstream, body: bytes, stream: bool) -> httpx.Response:
-        """The upstream's answer: still open when it is a stream to relay, else read whole."""
+    async def call(self, upstream: Upstream, body: bytes, stream: bool) -> tuple[httpx.Response, bytes | None]:
+        """The upstream's answer and its body, read whole (ResponseTooLarge past max_response_bytes); a
+        stream to relay comes back still open, its body None."""
         headers = {"content-type": "application/json", **upstream.headers()}
         request = self.client().build_request(
             "POST", f"{upstream.base_url}/chat/completions", content=body, headers=headers
         )
         reply = await self.client().send(request, stream=True)
         if stream and reply.is_success:
-            return reply
+            return reply, None
         try:
-            await reply.aread()
+            return reply, await read_capped(reply, self.settings.max_response_bytes)
         finally:
             await reply.aclose()
-        return reply
+
+    def masked(self, content: bytes) -> bytes:
+        """`content` with every key of the pool in it masked (mask_keys): an upstream that echoes a key back,
+        routed or not, hands it to no client."""
+        keys = [key for upstream in self.settings.upstreams.upstreams.values() if (key := upstream.api_key())]
+        if not any(key.encode() in content for key in keys):
+            return content
+        return mask_keys(content.decode("utf-8", "surrogateescape"), keys).encode("utf-8", "surrogateescape")
 
     def failed(self, upstream: Upstream, reason: str, words: str) -> str:
         self.metrics.failures.inc(1, tags={"agent": upstream.agent, "reason": reason})
         logger.warning("gateway: agent %s at %s failed: %s", upstream.agent, upstream.base_url, words)
         return f"agent '{upstream.agent}': {words}"
+
+
+class ResponseTooLarge(Exception):
+    """An upstream's answer over the gateway's max_response_bytes: its words for the 502."""
+
+
+async def read_capped(reply: httpx.Response, limit: int) -> bytes:
+    """The answer's body, read no further than `limit` bytes (ResponseTooLarge past it)."""
+    fix = "ask for less (max_tokens), or raise the gateway's max response bytes"
+    declared = reply.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ResponseTooLarge(f"answered {declared} bytes, over the gateway's limit of {limit}; {fix}")
+    chunks, size = [], 0
+    async for chunk in reply.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise ResponseTooLarge(f"answered more than the gateway's limit of {limit} bytes; {fix}")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def encode_body(payload: dict[str, Any], model: str) -> bytes:
@@ -501,6 +638,7 @@ class UpstreamStream(StreamingResponse):
         self.reply, self.upstream, self.metrics = reply, upstream, metrics
         self.started, self.timeout_s = started, timeout_s
         self.usage = StreamUsage()
+        self.counted: CallUsage | None = None  # the stream's usage as counted, once it ends
         super().__init__(self.relay(), status_code=reply.status_code, headers=headers)
 
     async def relay(self) -> AsyncIterator[bytes]:
@@ -525,4 +663,6 @@ class UpstreamStream(StreamingResponse):
             with anyio.CancelScope(shield=True):  # the request may be cancelled: the upstream is closed anyway
                 await self.reply.aclose()
             self.usage.finish()
-            self.metrics.finished(self.upstream, self.usage.usage, time.perf_counter() - self.started, stream=True)
+            self.counted = self.metrics.finished(
+                self.upstream, self.usage.usage, time.perf_counter() - self.started, stream=True
+            )

@@ -35,6 +35,7 @@ from benchgen_router.serving.app import (
 )
 from benchgen_router.serving.engine import choose_mode, free_port, started_in
 from benchgen_router.serving.gateway import DEFAULT_MAX_REQUEST_BYTES as GATEWAY_MAX_REQUEST_BYTES
+from benchgen_router.serving.gateway import DEFAULT_MAX_RESPONSE_BYTES as GATEWAY_MAX_RESPONSE_BYTES
 from benchgen_router.serving.gateway import DEFAULT_TIMEOUT_S as GATEWAY_TIMEOUT_S
 from benchgen_router.serving.gateway import GatewaySettings, check_gateway_settings, names_upstreams
 from benchgen_router.serving.local_ray import LocalRay, new_local_ray, own_process_groups, stop_local_ray
@@ -217,6 +218,7 @@ def read_gateway(
     gateway_fallback: str | None = None,
     gateway_timeout_s: float = GATEWAY_TIMEOUT_S,
     gateway_max_request_bytes: int = GATEWAY_MAX_REQUEST_BYTES,
+    gateway_max_response_bytes: int = GATEWAY_MAX_RESPONSE_BYTES,
 ) -> GatewaySettings | None:
     """The gateway's settings when the pool file names upstreams, every problem of the file at once (one
     line each); None when it names none: the service then has no gateway."""
@@ -227,7 +229,15 @@ def read_gateway(
     upstreams = read_upstream_pool(pool_file, router_agents(model, revision))
     check_gateway_settings(route_on, gateway_fallback, gateway_timeout_s, upstreams.agents)
     check_positive("gateway_max_request_bytes", gateway_max_request_bytes)
-    return GatewaySettings(upstreams, route_on, gateway_fallback, float(gateway_timeout_s), gateway_max_request_bytes)
+    check_positive("gateway_max_response_bytes", gateway_max_response_bytes)
+    return GatewaySettings(
+        upstreams,
+        route_on,
+        gateway_fallback,
+        float(gateway_timeout_s),
+        gateway_max_request_bytes,
+        gateway_max_response_bytes,
+    )
 
 
 def build_application(
@@ -276,9 +286,23 @@ def build_application(
 
 def app_builder(args: dict[str, str]) -> Any:
     """For `serve run benchgen_router.serving.service:app_builder key=value ...` (keys: docs/service.md)."""
-    integers = ("replicas", "cpus", "max_batch_size", "max_queries", "max_request_bytes", "gateway_max_request_bytes")
+    integers = (
+        "replicas",
+        "cpus",
+        "max_batch_size",
+        "max_queries",
+        "max_request_bytes",
+        "gateway_max_request_bytes",
+        "gateway_max_response_bytes",
+    )
     numbers = ("batch_wait_ms", "gateway_timeout_s")
-    gateway_keys = ("route_on", "gateway_fallback", "gateway_timeout_s", "gateway_max_request_bytes")
+    gateway_keys = (
+        "route_on",
+        "gateway_fallback",
+        "gateway_timeout_s",
+        "gateway_max_request_bytes",
+        "gateway_max_response_bytes",
+    )
     known = {"model", "revision", "backbone", "pool", "operating_point", *numbers, *integers, *gateway_keys}
     unknown = sorted(set(args) - known)
     if unknown:
@@ -328,6 +352,7 @@ def serve(
     gateway_fallback: str | None = None,
     gateway_timeout_s: float = GATEWAY_TIMEOUT_S,
     gateway_max_request_bytes: int = GATEWAY_MAX_REQUEST_BYTES,
+    gateway_max_response_bytes: int = GATEWAY_MAX_RESPONSE_BYTES,
     throughput_mode: bool | None = None,
 ) -> RunningService | None:
     """Serve the router over HTTP on host:port (arguments and lifecycle: docs/service.md). Settings are
@@ -337,7 +362,14 @@ def serve(
     check_router_point(model, revision, operating_point)
     pool = read_pool_file(pool_file) if pool_file is not None else None
     gateway = read_gateway(
-        pool_file, model, revision, route_on, gateway_fallback, gateway_timeout_s, gateway_max_request_bytes
+        pool_file,
+        model,
+        revision,
+        route_on,
+        gateway_fallback,
+        gateway_timeout_s,
+        gateway_max_request_bytes,
+        gateway_max_response_bytes,
     )
     local = not address and not ray.is_initialized()
     mode, mode_fallback = choose_mode(throughput_mode, joins_running_ray=not local)
