@@ -301,21 +301,27 @@ def _run_split(
     timed("knn", knn)
     timed("oracle", lambda: gp.oracle_curve(pool, test_r, test_cost))
     figures = {method: pool.figures(curve) for method, curve in curves.items()}
-    rng = np.random.default_rng([config.cv_seed, repeat, fold])
+    figures["random"] = _random_figures(pool, test_r, np.random.default_rng([config.cv_seed, repeat, fold]), config)
+    curves["random"] = pool.random()
+    return SplitResult(
+        kind, repeat, fold, int(test.sum()), pool.cheapest_quality, pool.best_quality, curves, figures, seconds
+    )
+
+
+def _random_figures(
+    pool: gp.PoolGap, test_r: np.ndarray, rng: np.random.Generator, config: RouteLLMBenchConfig
+) -> gp.GapFigures:
+    """Random routing's figures on one split: the mean over RANDOM_DRAWS random scores."""
     draws = [
         pool.figures(gp.score_curve("random", rng.random(len(test_r)), test_r, 1, config.num_results))
         for _ in range(RANDOM_DRAWS)
     ]
-    figures["random"] = gp.GapFigures(
+    return gp.GapFigures(
         "random",
         float(np.mean([d.area for d in draws])),
         {x: float(np.mean([d.recover[x] for d in draws])) for x in gp.GAP_FRACTIONS},
         {x: float(np.mean([d.recover_cost[x] for d in draws])) for x in gp.GAP_FRACTIONS},
         (0.0, 1.0),
-    )
-    curves["random"] = pool.random()
-    return SplitResult(
-        kind, repeat, fold, int(test.sum()), pool.cheapest_quality, pool.best_quality, curves, figures, seconds
     )
 
 
