@@ -17,9 +17,11 @@ The folder may be shared by several processes (replicas, restarts):
   process, for deduplication, while the hash is useless to guess prompts without the key. The text
   itself is stored only with `keep_text`, because prompts are users' data.
 
-Each line is one write() to a file opened for appending; a write that fails halfway is cut back, and
-the file is synced whenever the queue runs empty and on close(). A crash therefore loses at most the
-line being written (and, for a machine crash, what was not yet synced), never an earlier line.
+Each line is one write() to a file opened for appending, made as soon as the writer thread takes it
+from the queue; a write that fails halfway is cut back, and the file is synced whenever the queue runs
+empty and on close(). A killed process loses the lines still queued (none, or the one being written,
+unless the disk lags behind the traffic) and a machine crash what was not yet synced; an earlier line
+is never corrupted.
 `read_journal` reads a folder back: it skips an unfinished last line with one warning naming file and
 line, and joins each feedback to its call by request id, across files.
 """
