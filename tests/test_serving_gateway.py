@@ -142,6 +142,7 @@ def test_the_text_routed_on_is_the_last_user_message_or_the_conversation():
     ]
     assert routing_text(messages, "last-user") == "second\nquestion"
     assert routing_text(messages, "conversation") == "first question\n\nfirst answer\n\nsecond\nquestion"
+    assert routing_text(messages, "first-user") == "first question"  # every turn: one agent
     image_only = [*messages, {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     assert routing_text(image_only, "last-user") == "second\nquestion"  # the last user message with text
     assert len(routing_text([{"role": "user", "content": "x" * 200_000}], "last-user")) == 65536
@@ -319,7 +320,7 @@ def test_serve_run_passes_the_gateway_settings_to_the_ingress(tmp_path):
     assert isinstance(settings, GatewaySettings) and settings.upstreams.agents == tuple(default_agents)
     assert (settings.route_on, settings.timeout_s, settings.fallback_agent) == ("conversation", 5.0, None)
     assert settings.upstreams.upstreams["open_mid"].base_url == "https://openrouter.ai/api/v1"
-    with pytest.raises(InputError, match="route_on must be one of last-user, conversation"):
+    with pytest.raises(InputError, match="route_on must be one of last-user, first-user, conversation"):
         app_builder({"pool": str(pool), "route_on": "everything"})
     with pytest.raises(InputError, match="gateway_fallback='nobody' is not an agent of the pool"):
         app_builder({"pool": str(pool), "gateway_fallback": "nobody"})

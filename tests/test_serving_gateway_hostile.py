@@ -64,14 +64,18 @@ def well_behaved(upstream):
     upstream.script = lambda body: answered()
 
 
-@pytest.fixture(scope="module")
-def router_dir(backbone_dir, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("hostile-router")
+def build_router(folder: Path, backbone_dir: Path) -> Path:
+    """A converted tiny router over alpha and beta, with two operating points."""
     points = {"quality": (0.0, 0.0), "fast": (0.0, 0.01)}
     manifest, weights, _ = write_operating_release(
         folder / "release", 32, points, "quality", seed=5, backbone=str(backbone_dir), agents=AGENTS
     )
     return convert_release(manifest, weights, folder / "router", backbone_dir)
+
+
+@pytest.fixture(scope="module")
+def router_dir(backbone_dir, tmp_path_factory) -> Path:
+    return build_router(tmp_path_factory.mktemp("hostile-router"), backbone_dir)
 
 
 def pool_of(base_url: str) -> UpstreamPool:
@@ -90,6 +94,17 @@ def pool_of(base_url: str) -> UpstreamPool:
     return UpstreamPool(agents=tuple(AGENTS), upstreams=upstreams)
 
 
+class ServedByThread:
+    """Ray Serve's replica context as the app's routes read it (servable_object: the instance they run on):
+    here the service of the server thread they run in, so that several apps can serve at once."""
+
+    local = threading.local()
+
+    @property
+    def servable_object(self) -> object:
+        return self.local.service
+
+
 class AppServer:
     """The service's app on a real HTTP server in a thread, its routes bound to `service` as Ray Serve binds
     them to a replica's instance (through the replica context)."""
@@ -100,7 +115,11 @@ class AppServer:
         self.server = uvicorn.Server(
             uvicorn.Config(api, host=HOST, port=self.port, log_level="warning", lifespan="off")
         )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        ServedByThread.local.service = self.service
+        self.server.run()
 
     @property
     def url(self) -> str:
@@ -110,7 +129,7 @@ class AppServer:
         import ray.serve.context as context
 
         self.previous = context._INTERNAL_REPLICA_CONTEXT
-        context._INTERNAL_REPLICA_CONTEXT = SimpleNamespace(servable_object=self.service)
+        context._INTERNAL_REPLICA_CONTEXT = ServedByThread()
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started and time.monotonic() < deadline:
@@ -129,9 +148,15 @@ class AppServer:
 def make_service(router_dir: Path, settings: GatewaySettings) -> object:
     """A RouterService as a replica holds it: the class Ray Serve deploys, built by the service's own __init__
     (the ingress wrapper's, which starts Ray Serve's ASGI machinery, is left out)."""
+    import ray.serve.context as context
+
     wrapper = RouterService.func_or_class
     service = object.__new__(wrapper)
-    wrapper.__mro__[1].__init__(service, str(router_dir), None, None, None, 1, 16, 0.0, gateway=settings)
+    running, context._INTERNAL_REPLICA_CONTEXT = context._INTERNAL_REPLICA_CONTEXT, None  # metrics outside a replica
+    try:
+        wrapper.__mro__[1].__init__(service, str(router_dir), None, None, None, 1, 16, 0.0, gateway=settings)
+    finally:
+        context._INTERNAL_REPLICA_CONTEXT = running
     assert service.loading.result(120).problem is None
     return service
 

@@ -88,10 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gateway = parser.add_argument_group("OpenAI-compatible gateway (a --pool whose agents have a base_url)")
     gateway.add_argument(
         "--route-on",
-        choices=["last-user", "conversation"],
+        choices=["last-user", "first-user", "conversation"],
         default="last-user",
-        help="what the router scores: the last user message's text, or every user and assistant message's text "
-        "(default: %(default)s)",
+        help="what the router scores: the last user message's text; the first user message's, so that a whole "
+        "conversation goes to one agent; or every user and assistant message's text (default: %(default)s)",
     )
     gateway.add_argument(
         "--gateway-fallback",

@@ -37,7 +37,7 @@ from benchgen_router.upstreams import Upstream, UpstreamPool, mask_keys, retryab
 logger = logging.getLogger("benchgen_router.serving")
 
 ROUTER_MODEL = "benchgen-router"
-ROUTE_ON = ("last-user", "conversation")
+ROUTE_ON = ("last-user", "first-user", "conversation")
 DEFAULT_TIMEOUT_S = 120.0
 # A refused or unreachable host is known within a few seconds; the rest of the timeout is for the answer.
 CONNECT_TIMEOUT_S = 10.0
@@ -90,7 +90,7 @@ class GatewaySettings:
     """What a replica needs to forward chat completions; sent to it with the application."""
 
     upstreams: UpstreamPool
-    route_on: str = "last-user"  # or "conversation": what the router scores (routing_text)
+    route_on: str = "last-user"  # or "first-user", "conversation": what the router scores (routing_text)
     fallback_agent: str | None = None  # None: the router's fallback for the point, else the head's next choice
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -200,11 +200,12 @@ def content_text(content: Any) -> str:
 
 
 def routing_text(messages: Any, route_on: str) -> str:
-    """What the router scores: the last user message with text ("last-user"), or every user and
+    """What the router scores: the last user message with text ("last-user"); the first ("first-user"), so
+    that every turn of a conversation goes to the agent its opening was routed to; or every user and
     assistant message's text in order ("conversation"). No user text at all is a 400."""
     if not isinstance(messages, list) or not messages:
         raise GatewayError(400, '"messages" must be a non-empty list of chat messages.', param="messages")
-    roles = ("user",) if route_on == "last-user" else ("user", "assistant")
+    roles = ("user", "assistant") if route_on == "conversation" else ("user",)
     texts = [
         (message["role"], content_text(message.get("content")))
         for message in messages
@@ -219,7 +220,10 @@ def routing_text(messages: Any, route_on: str) -> str:
             "the user text holds only invisible characters (zero-width, control); send a message with words.",
             param="messages",
         )
-    text = texts[-1][1] if route_on == "last-user" else "\n\n".join(text for _, text in texts)
+    if route_on == "conversation":
+        text = "\n\n".join(text for _, text in texts)
+    else:
+        text = texts[0][1] if route_on == "first-user" else texts[-1][1]
     text = text[:ROUTING_TEXT_MAX_CHARS]
     problem = text_problem(text, "the text to route on")
     if problem:
