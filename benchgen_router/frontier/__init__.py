@@ -8,7 +8,7 @@ under-frontier summary, plots, and the choice of an operating point by nested cr
     gap      the share of the quality gap recovered per cost: RouteLLM's APGR and CPT, and any pool's
     report   the table and the JSON
     plots    the PNGs
-    python -m benchgen_router.frontier   the analysis as a command
+    `benchgen-router frontier` is the analysis as a command (benchgen_router/cli/frontier.py)
 
 Every router point is the ordinary search (`search_head`) run on the utility matrix
 U = R - cost_weight * C - latency_weight * L of the training folds (units in costs.py: C in USD per
