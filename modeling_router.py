@@ -291,8 +291,12 @@ class RouterModel(PreTrainedModel):
 
     def head_for(self, operating_point: str | None = None) -> nn.Module:
         """The head of `operating_point` (None: `config.operating_point`); a name it lacks is a ValueError."""
-        name = self.config.check_operating_point(operating_point)
-        return self.head if name is None else self.head[name]
+        name = self.config.operating_point if operating_point is None else operating_point
+        try:
+            return self.head[name] if self.config.operating_points else {None: self.head}[name]
+        except (KeyError, TypeError):
+            self.config.check_operating_point(operating_point)  # raises, naming the router's points
+            raise
 
     @property
     def guard_tensor_names(self) -> tuple[str, ...]:
@@ -373,18 +377,25 @@ class RouterModel(PreTrainedModel):
             hidden_states = output.hidden_states
         logits = self._head_logits(embeddings, names, heads)
         loss = None if labels is None else nn.functional.cross_entropy(logits, labels.to(logits.device).view(-1))
-        picks = logits.argmax(dim=-1)  # first on ties, as the reference's np.argmax
         if self.config.head_kind == "probability":
             probabilities = torch.sigmoid(logits.to(torch.float64))
-            costs = torch.tensor(self.config.costs_per_1k, dtype=torch.float64)
+            costs = torch.tensor(self.config.costs_per_1k, dtype=torch.float64, device=logits.device)
+            picks = torch.zeros(len(logits), dtype=torch.long, device=logits.device)
             for text, rule in rules.items():
                 rows = torch.tensor([row for row, other in enumerate(tradeoffs) if other == text], device=picks.device)
-                picks[rows] = decide(probabilities[rows], costs.to(probabilities.device), rule)
+                picks[rows] = decide(probabilities[rows], costs, rule)
+        else:
+            picks = logits.argmax(dim=-1)  # first on ties, as the reference's np.argmax
         scores = flags = None
         if self.guards_queries:
             scores = self.ood_scores(embeddings)
             flags = scores > self.ood_threshold.float()
-            fallbacks = {name: self.config.label2id[self.config.fallback_agent(name)] for name in heads}
+            points = self.config.operating_points
+            settings = {name: points.get(self.config.operating_point if name is None else name, {}) for name in heads}
+            fallbacks = {
+                name: self.config.label2id[settings[name].get("ood_fallback_agent") or self.config.ood_fallback_agent]
+                for name in heads
+            }
             fallback = torch.tensor([fallbacks[name] for name in names], device=picks.device)
             picks = torch.where(flags.to(picks.device), fallback, picks)
         # Every field at construction: a ModelOutput only lists (and pipelines only see) those given then.

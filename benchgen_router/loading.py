@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import logging
 import os
@@ -27,6 +29,11 @@ def check_router_source(model: str) -> None:
 
 def declared_config(model: str, revision: str | None) -> dict[str, Any]:
     """The router's config.json, read before any of its code runs; what to do when there is none."""
+    return copy.deepcopy(_declared(model, revision)[0])
+
+
+def _declared(model: str, revision: str | None) -> tuple[dict[str, Any], Path]:
+    """(config.json's content, its resolved path), parsed once per process for each version of the file."""
     from transformers.utils import cached_file
 
     check_router_source(model)
@@ -40,7 +47,9 @@ def declared_config(model: str, revision: str | None) -> dict[str, Any]:
             )
         raise InputError(f"'{model}' holds no config.json, so it is not a router folder; pass a converted router.")
     try:
-        declared = json.loads(Path(cached_file(model, "config.json", revision=revision)).read_text(encoding="utf-8"))
+        path = Path(cached_file(model, "config.json", revision=revision))
+        stat = path.stat()
+        declared = _parsed_config(str(path), stat.st_mtime_ns, stat.st_size)
     except (OSError, ValueError) as err:
         raise setting_error(
             f"cannot load router '{model}' ({first_line(err)}); pass {{model}} a converted router folder or Hub id."
@@ -48,7 +57,13 @@ def declared_config(model: str, revision: str | None) -> dict[str, Any]:
     if not isinstance(declared, dict) or declared.get("model_type") != "benchgen_router":
         kind = declared.get("model_type") if isinstance(declared, dict) else None
         raise InputError(f"'{model}' is not a BenchGen router (model_type {kind!r}); pass a converted router.")
-    return declared
+    return declared, path
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed_config(path: str, mtime_ns: int, size: int) -> Any:
+    """config.json parsed; keyed by its modification time and size, so that a rewritten file is read again."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def load_router(
@@ -67,12 +82,13 @@ def load_router(
     releases); bfloat16 on a CPU that would only emulate it is refused unless allow_emulated_bf16.
     """
     from transformers import AutoTokenizer
+    from transformers.utils.hub import extract_commit_hash
 
     from benchgen_router.model_code import RouterConfig, RouterModel
 
     check_device(device)
     source = str(default_router_dir() if model is None else model)
-    declared = declared_config(source, revision)
+    declared, config_file = _declared(source, revision)
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device, allow_emulated_bf16)}
     recorded = declared.get("dtype") or declared.get("torch_dtype")
     if kwargs["dtype"] == "auto" and recorded in ("bfloat16", "float16") and not allow_emulated_bf16:
@@ -82,7 +98,9 @@ def load_router(
     try:
         # The package's own model code, not the folder's copy: a folder written by an older version
         # routes with today's decision path, and a folder's code is never executed by the tools.
-        config = RouterConfig.from_pretrained(source, revision=revision)
+        config = RouterConfig.from_dict(copy.deepcopy(declared))  # config.json is parsed once (_declared)
+        config._name_or_path = source
+        config._commit_hash = extract_commit_hash(str(config_file), None)  # what router_identity reports
         router = RouterModel.from_pretrained(source, config=config, revision=revision, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source, config=config, revision=revision)
     except (OSError, ValueError, SyntaxError, ImportError, TypeError) as err:

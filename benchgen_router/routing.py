@@ -22,7 +22,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,77 +123,14 @@ class Routed:
     tradeoffs: list[str | None] | None = None
 
 
-def route_queries(
-    model: Any,
-    tokenizer: Any,
-    texts: Sequence[str],
-    batch_size: int | None = None,
-    max_batch_tokens: int | None = None,
-    progress: bool = False,
-    desc: str = "routing",
-    operating_points: str | Sequence[str | None] | None = None,
-    tradeoffs: str | Sequence[str | None] | None = None,
-) -> Routed:
-    """Route texts: each canonicalised as the router's config says (config.query_format), tokenized,
-    and scored by the model in batches; its outputs are gathered, never recomputed.
+@dataclass
+class Tokenized:
+    """Queries canonicalised and tokenized once: the encoding, each query's length in tokens, and the
+    positions of those with no tokens besides the tokenizer's special ones (no router can score them)."""
 
-    Each query's result is what it gets alone. Decoder backbones (Qwen and kin) run packed: the
-    model lays a batch's queries several to a row with no padding computed, and batches are filled
-    up to max_batch_tokens positions (hardware.default_batch_tokens() when None). Other backbones
-    run in length-sorted padded batches of at most `batch_size` queries (16 when None) and
-    max_batch_tokens positions. `operating_points`: one name for all, one per text, or None (the
-    router's default); queries at different points share a batch. `tradeoffs`: a probability head's
-    rule(s), the same way (None: the config's default). Raises EmptyQueryError, before the model runs,
-    for queries that tokenize to nothing, and ValueError for an unknown point or a bad trade-off.
-    """
-    import torch
-    from tqdm.auto import tqdm
-
-    check_batching(batch_size, max_batch_tokens)
-    if operating_points is None or isinstance(operating_points, str):
-        points = [operating_points] * len(texts)
-    else:
-        points = list(operating_points)
-        if len(points) != len(texts):
-            raise ValueError(f"{len(points)} operating points for {len(texts)} queries; give one per query.")
-    resolved = {point: model.config.check_operating_point(point) for point in dict.fromkeys(points)}
-    points = [resolved[point] for point in points]
-    rules = per_query(tradeoffs, len(texts), "tradeoffs")
-    for rule in dict.fromkeys(rules):  # a bad spelling is reported before any work
-        tradeoff_of(model, rule)
-    count = len(texts)
-    logits = np.zeros((count, len(model.config.id2label)), dtype=np.float32)
-    embeddings = np.zeros((count, model.config.embedding_dim), dtype=np.float32)
-    picks = np.zeros(count, dtype=np.int64)
-    guarded = bool(getattr(model, "guards_queries", False))
-    scores = np.zeros(count, dtype=np.float32) if guarded else None
-    flags = np.zeros(count, dtype=bool) if guarded else None
-    if not count:  # e.g. a bulk batch with nothing routable left: tokenizers refuse an empty list
-        return Routed(logits, embeddings, picks, scores, flags, points, rules)
-    canonical = [model.config.canonical_query(text) for text in texts]
-    encoded = tokenizer(canonical, truncation=True, max_length=model.config.truncation_length)
-    lengths = [len(ids) for ids in encoded["input_ids"]]
-    empty = [i for i, length in enumerate(lengths) if length <= model.config.special_tokens_per_query]
-    if empty:
-        raise EmptyQueryError(empty)
-    weight = next(model.backbone.parameters())
-    budget = max_batch_tokens or default_batch_tokens(weight.device, weight.dtype)
-    packing = sys.modules[type(model).__module__]
-    with torch.inference_mode(), tqdm(total=count, desc=desc, unit="q", disable=not progress) as bar:
-        for rows in plan_batches(lengths, model.packs_queries, batch_size, budget, packing):
-            batch_points, batch_rules = [points[i] for i in rows], [rules[i] for i in rows]
-            point = batch_points[0] if len(set(batch_points)) == 1 else batch_points
-            rule = batch_rules[0] if len(set(batch_rules)) == 1 else batch_rules
-            inputs = right_padded(encoded, rows, tokenizer.pad_token_id or 0, weight.device)
-            output = model(**inputs, operating_point=point, **({"tradeoff": rule} if rule is not None else {}))
-            logits[rows] = output.logits.float().cpu().numpy()
-            embeddings[rows] = output.embeddings.float().cpu().numpy()
-            picks[rows] = output.picks.cpu().numpy()
-            if guarded:
-                scores[rows] = output.ood_scores.float().cpu().numpy()
-                flags[rows] = output.out_of_distribution.cpu().numpy()
-            bar.update(len(rows))
-    return Routed(logits, embeddings, picks, scores, flags, points, rules)
+    encoded: dict[str, list[list[int]]]
+    lengths: list[int]
+    empty: list[int]
 
 
 def per_query(value: str | Sequence[str | None] | None, count: int, what: str) -> list[str | None]:
@@ -210,6 +146,248 @@ def per_query(value: str | Sequence[str | None] | None, count: int, what: str) -
 EMPTY_QUERY = "tokenizes to nothing (only zero-width or control characters)"
 
 
+class Router:
+    """A loaded router: its model, its tokenizer and its resolved config, and the one inference path that
+    every entry point takes (pick_agent, the route command, bulk routing, the service).
+
+    `route(texts, points, tradeoffs)` -> one result per text (None for one that tokenizes to nothing):
+    operating points and trade-offs are checked once, here at the edge (or by the caller, `checked=True`);
+    the texts are tokenized once, empty ones marked and skipped; the model decides (RouterOutput.picks)
+    and the results format its outputs, nothing recomputed."""
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = model.config
+
+    @classmethod
+    def load(cls, model: str | os.PathLike | None = None, **load: Any) -> Router:
+        """Router.load(folder or Hub id, device=..., dtype=..., backbone=..., revision=...); see load_router."""
+        from benchgen_router.loading import load_router
+
+        return cls(*load_router(model, **load))
+
+    def check_point(self, operating_point: str | None) -> str | None:
+        """The operating point a call routes at (None: the router's default; None for a single-head
+        router), or InputError naming the router's points."""
+        try:
+            return self.config.check_operating_point(operating_point)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+
+    def check_tradeoff(self, tradeoff: str | None) -> str | None:
+        """`tradeoff` if this router can decide under it, else InputError (one line naming the valid forms,
+        or saying that a CMA-ES head has operating points instead). None: the router's default decision."""
+        if tradeoff is None:
+            return None
+        try:
+            self.config.tradeoff_rule(tradeoff)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+        return tradeoff
+
+    def tokenize(self, texts: Sequence[str]) -> Tokenized:
+        """Each text canonicalised as the config says (config.query_format), then tokenized and truncated
+        as when the head was trained; empty queries are marked, not dropped."""
+        if not texts:  # tokenizers refuse an empty list
+            return Tokenized({"input_ids": []}, [], [])
+        canonical = [self.config.canonical_query(text) for text in texts]
+        encoded = self.tokenizer(canonical, truncation=True, max_length=self.config.truncation_length)
+        lengths = [len(ids) for ids in encoded["input_ids"]]
+        empty = [i for i, length in enumerate(lengths) if length <= self.config.special_tokens_per_query]
+        return Tokenized(dict(encoded), lengths, empty)
+
+    def _requests(
+        self, count: int, operating_points: Any, tradeoffs: Any, checked: bool
+    ) -> tuple[list[str | None], list[str | None]]:
+        """Each query's operating point (resolved: None becomes the default) and trade-off, each distinct
+        value checked once unless the caller did (`checked`)."""
+        points = per_query(operating_points, count, "operating points")
+        rules = per_query(tradeoffs, count, "tradeoffs")
+        if checked:
+            default = self.config.operating_point
+            return [default if point is None else point for point in points], rules
+        resolved = {point: self.check_point(point) for point in dict.fromkeys(points)}
+        for rule in dict.fromkeys(rules):  # a bad spelling is reported before any work
+            self.check_tradeoff(rule)
+        return [resolved[point] for point in points], rules
+
+    def score(
+        self,
+        tokenized: Tokenized,
+        rows: Sequence[int],
+        points: Sequence[str | None],
+        rules: Sequence[str | None],
+        batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        progress: bool = False,
+        desc: str = "routing",
+    ) -> Routed:
+        """The model's outputs for the tokenized queries `rows` (in that order), at their points and
+        trade-offs (one each, as `rows`), in batches planned by length (see route_queries)."""
+        import torch
+        from tqdm.auto import tqdm
+
+        check_batching(batch_size, max_batch_tokens)
+        count = len(rows)
+        logits = np.zeros((count, len(self.config.id2label)), dtype=np.float32)
+        embeddings = np.zeros((count, self.config.embedding_dim), dtype=np.float32)
+        picks = np.zeros(count, dtype=np.int64)
+        guarded = bool(getattr(self.model, "guards_queries", False))
+        scores = np.zeros(count, dtype=np.float32) if guarded else None
+        flags = np.zeros(count, dtype=bool) if guarded else None
+        routed = Routed(logits, embeddings, picks, scores, flags, list(points), list(rules))
+        if not count:
+            return routed
+        weight = next(self.model.backbone.parameters())
+        budget = max_batch_tokens or default_batch_tokens(weight.device, weight.dtype)
+        lengths = [tokenized.lengths[row] for row in rows]
+        packing = sys.modules[type(self.model).__module__]
+        pad = self.tokenizer.pad_token_id or 0
+        with torch.inference_mode(), tqdm(total=count, desc=desc, unit="q", disable=not progress) as bar:
+            for batch in plan_batches(lengths, self.model.packs_queries, batch_size, budget, packing):
+                batch_points, batch_rules = [points[i] for i in batch], [rules[i] for i in batch]
+                point = batch_points[0] if len(set(batch_points)) == 1 else batch_points
+                rule = batch_rules[0] if len(set(batch_rules)) == 1 else batch_rules
+                inputs = right_padded(tokenized.encoded, [rows[i] for i in batch], pad, weight.device)
+                output = self.model(**inputs, operating_point=point, **({"tradeoff": rule} if rule is not None else {}))
+                logits[batch] = output.logits.float().cpu().numpy()
+                embeddings[batch] = output.embeddings.float().cpu().numpy()
+                picks[batch] = output.picks.cpu().numpy()
+                if guarded:
+                    scores[batch] = output.ood_scores.float().cpu().numpy()
+                    flags[batch] = output.out_of_distribution.cpu().numpy()
+                bar.update(len(batch))
+        return routed
+
+    def run(
+        self,
+        texts: Sequence[str],
+        operating_points: str | Sequence[str | None] | None = None,
+        tradeoffs: str | Sequence[str | None] | None = None,
+        *,
+        batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        progress: bool = False,
+        desc: str = "routing",
+        checked: bool = False,
+    ) -> Routed:
+        """The model's outputs for every text (route_queries); EmptyQueryError, before the model runs,
+        when any tokenizes to nothing."""
+        check_batching(batch_size, max_batch_tokens)
+        points, rules = self._requests(len(texts), operating_points, tradeoffs, checked)
+        tokenized = self.tokenize(texts)
+        if tokenized.empty:
+            raise EmptyQueryError(tokenized.empty)
+        rows = range(len(texts))
+        return self.score(tokenized, rows, points, rules, batch_size, max_batch_tokens, progress, desc)
+
+    def route(
+        self,
+        texts: Sequence[str],
+        operating_points: str | Sequence[str | None] | None = None,
+        tradeoffs: str | Sequence[str | None] | None = None,
+        *,
+        batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        progress: bool = False,
+        checked: bool = False,
+    ) -> list[dict[str, Any] | None]:
+        """One result per text (results_for's), None for a text that tokenizes to nothing (EMPTY_QUERY),
+        so that a query no router can score never fails the others. `operating_points` / `tradeoffs`:
+        one for all, one per text, or None (the router's default); `checked`: the caller has checked
+        them (the service's edge), so they are not checked again."""
+        check_batching(batch_size, max_batch_tokens)
+        points, rules = self._requests(len(texts), operating_points, tradeoffs, checked)
+        tokenized = self.tokenize(texts)
+        empty = set(tokenized.empty)
+        keep = [i for i in range(len(texts)) if i not in empty]
+        routed = self.score(
+            tokenized,
+            keep,
+            [points[i] for i in keep],
+            [rules[i] for i in keep],
+            batch_size,
+            max_batch_tokens,
+            progress,
+        )
+        results = iter(self.results(routed))
+        return [None if i in empty else next(results) for i in range(len(texts))]
+
+    def results(self, routed: Routed) -> list[dict[str, Any]]:
+        """The result dicts of routed queries: the model's decision formatted, nothing recomputed.
+
+        Each: "picked_agent" / "agent_index" (the decision), "probabilities" and "logits" of the head;
+        "operating_point" for a router with operating points; with an active guard "out_of_distribution"
+        and "ood_score", and for a flagged query "head_pick", the head's own choice (its argmax)."""
+        agents = self.config.agent_order
+        scores = routed.logits.astype(np.float64)
+        if not np.isfinite(scores).all():
+            raise InputError("the router produced NaN or infinite scores; its head or backbone weights are broken.")
+        probability_head = getattr(self.config, "head_kind", "cmaes") == "probability"
+        if probability_head:
+            from benchgen_router.model_code import DEFAULT_TRADEOFF
+
+            probabilities = 1.0 / (1.0 + np.exp(-scores))
+        else:
+            shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+            probabilities = shifted / shifted.sum(axis=1, keepdims=True)
+        results = []
+        for row, pick in enumerate(routed.picks.tolist()):
+            result = {
+                "picked_agent": agents[pick],
+                "agent_index": pick,
+                "probabilities": {agent: float(p) for agent, p in zip(agents, probabilities[row], strict=True)},
+                "logits": {agent: float(x) for agent, x in zip(agents, scores[row], strict=True)},
+            }
+            if probability_head:
+                result["tradeoff"] = (routed.tradeoffs[row] if routed.tradeoffs else None) or DEFAULT_TRADEOFF
+            if routed.operating_points[row] is not None:
+                result["operating_point"] = routed.operating_points[row]
+            if routed.ood_scores is not None:
+                result["out_of_distribution"] = bool(routed.out_of_distribution[row])
+                result["ood_score"] = float(routed.ood_scores[row])
+                if result["out_of_distribution"]:  # the model's own pick is the fallback; say the head's
+                    head_pick = agents[int(np.argmax(scores[row]))]
+                    result["head_pick"] = head_pick
+            results.append(result)
+        return results
+
+
+def route_queries(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
+    progress: bool = False,
+    desc: str = "routing",
+    operating_points: str | Sequence[str | None] | None = None,
+    tradeoffs: str | Sequence[str | None] | None = None,
+) -> Routed:
+    """Route texts: each canonicalised as the router's config says (config.query_format), tokenized,
+    and scored by the model in batches; its outputs are gathered, never recomputed (Router.run).
+
+    Each query's result is what it gets alone. Decoder backbones (Qwen and kin) run packed: the
+    model lays a batch's queries several to a row with no padding computed, and batches are filled
+    up to max_batch_tokens positions (hardware.default_batch_tokens() when None). Other backbones
+    run in length-sorted padded batches of at most `batch_size` queries (16 when None) and
+    max_batch_tokens positions. `operating_points`: one name for all, one per text, or None (the
+    router's default); queries at different points share a batch. `tradeoffs`: a probability head's
+    rule(s), the same way (None: the config's default). Raises EmptyQueryError, before the model runs,
+    for queries that tokenize to nothing, and ValueError for an unknown point or a bad trade-off.
+    """
+    return Router(model, tokenizer).run(
+        texts,
+        operating_points,
+        tradeoffs,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+        desc=desc,
+    )
+
+
 def route_results(
     model: Any,
     tokenizer: Any,
@@ -220,27 +398,16 @@ def route_results(
     operating_points: str | Sequence[str | None] | None = None,
     tradeoffs: str | Sequence[str | None] | None = None,
 ) -> list[dict[str, Any] | None]:
-    """results_for() of each text, None for one that tokenizes to nothing (EMPTY_QUERY): the one query ->
-    result routine of the command line, bulk routing and the service, so that a query no router can
-    score never fails the others. Arguments as route_queries'; `tradeoffs` (one or one per text) is a
-    probability head's rule, e.g. "budget=0.3" (docs/tradeoff.md), ValueError naming the forms if bad."""
-    route = partial(route_queries, model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
-    try:
-        return results_for(
-            model, route(texts, progress=progress, operating_points=operating_points, tradeoffs=tradeoffs)
-        )
-    except EmptyQueryError as err:
-        empty = set(err.positions)  # every such query, found by one tokenization before the model ran
-    keep = [i for i in range(len(texts)) if i not in empty]
-    if operating_points is not None and not isinstance(operating_points, str):
-        operating_points = [operating_points[i] for i in keep]
-    if tradeoffs is not None and not isinstance(tradeoffs, str):
-        tradeoffs = [tradeoffs[i] for i in keep]
-    kept = [texts[i] for i in keep]
-    results = iter(
-        results_for(model, route(kept, progress=progress, operating_points=operating_points, tradeoffs=tradeoffs))
+    """Router(model, tokenizer).route(...): results_for() of each text, None for one that tokenizes to
+    nothing (EMPTY_QUERY). Arguments as route_queries'."""
+    return Router(model, tokenizer).route(
+        texts,
+        operating_points,
+        tradeoffs,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
     )
-    return [None if i in empty else next(results) for i in range(len(texts))]
 
 
 def query_record(line: int, identifier: Any, result: dict[str, Any]) -> dict[str, Any]:
@@ -262,48 +429,14 @@ def run_router(
     return routed.logits, routed.embeddings
 
 
-def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[str, Any]]:
-    """One result dict per row of logits: the argmax agent (first on ties, as the reference's
-    np.argmax), its index, and softmax probabilities and raw logits keyed by agent id."""
-    scores = logits.astype(np.float64)
-    if not np.isfinite(scores).all():
-        raise InputError("the router produced NaN or infinite scores; its head or backbone weights are broken.")
-    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
-    probabilities = shifted / shifted.sum(axis=1, keepdims=True)
-    results = []
-    for row_logits, row_probabilities in zip(scores, probabilities, strict=True):
-        index = int(np.argmax(row_logits))
-        results.append(
-            {
-                "picked_agent": agents[index],
-                "agent_index": index,
-                "probabilities": {agent: float(p) for agent, p in zip(agents, row_probabilities, strict=True)},
-                "logits": {agent: float(x) for agent, x in zip(agents, row_logits, strict=True)},
-            }
-        )
-    return results
-
-
 def operating_point_of(model: Any, operating_point: str | None) -> str | None:
-    """The operating point a call routes at (None: the router's default; None for a single-head
-    router), or InputError naming the router's points."""
-    try:
-        return model.config.check_operating_point(operating_point)
-    except ValueError as err:
-        raise InputError(str(err)) from None
+    """Router.check_point for a loaded model: the point a call routes at, or InputError."""
+    return Router(model, None).check_point(operating_point)
 
 
 def tradeoff_of(model: Any, tradeoff: str | None) -> str | None:
-    """`tradeoff` if this router can decide under it, else InputError (one line naming the valid forms,
-    or saying that a CMA-ES head has operating points instead). The check the service and gateway call
-    at their edge; the model parses the same way (RouterConfig.tradeoff_rule)."""
-    if tradeoff is None:  # the router's default decision, whatever its head
-        return None
-    try:
-        model.config.tradeoff_rule(tradeoff)
-    except ValueError as err:
-        raise InputError(str(err)) from None
-    return tradeoff
+    """Router.check_tradeoff for a loaded model: `tradeoff` if this router can decide under it, else InputError."""
+    return Router(model, None).check_tradeoff(tradeoff)
 
 
 def recalibrate(
@@ -327,31 +460,29 @@ def recalibrate(
 
 
 def results_for(model: Any, routed: Routed) -> list[dict[str, Any]]:
-    """The result dicts of routed queries: the model's decision formatted, nothing recomputed.
+    """Router.results for a loaded model: the result dicts of routed queries, the model's decision formatted."""
+    return Router(model, None).results(routed)
 
-    Each: "picked_agent" / "agent_index" (the decision), "probabilities" and "logits" of the head;
-    "operating_point" for a router with operating points; with an active guard "out_of_distribution"
-    and "ood_score", and for a flagged query "head_pick", the head's own choice."""
-    agents = model.config.agent_order
-    results = results_from_logits(routed.logits, agents)
-    probability_head = getattr(model.config, "head_kind", "cmaes") == "probability"
-    if probability_head:
-        from benchgen_router.model_code import DEFAULT_TRADEOFF
 
-        sigmoid = 1.0 / (1.0 + np.exp(-routed.logits.astype(np.float64)))
-    for row, result in enumerate(results):
-        pick = int(routed.picks[row])
-        if probability_head:
-            result["probabilities"] = {agent: float(p) for agent, p in zip(agents, sigmoid[row], strict=True)}
-            result["tradeoff"] = (routed.tradeoffs[row] if routed.tradeoffs else None) or DEFAULT_TRADEOFF
-        if routed.operating_points[row] is not None:
-            result["operating_point"] = routed.operating_points[row]
-        if routed.ood_scores is not None:
-            result["out_of_distribution"] = bool(routed.out_of_distribution[row])
-            result["ood_score"] = float(routed.ood_scores[row])
-            if result["out_of_distribution"]:
-                result["head_pick"] = result["picked_agent"]
-        result["picked_agent"], result["agent_index"] = agents[pick], pick
+def results_from_logits(logits: np.ndarray, agents: Sequence[str]) -> list[dict[str, Any]]:
+    """One result dict per row of logits: the argmax agent (first on ties, as the reference's
+    np.argmax), its index, and softmax probabilities and raw logits keyed by agent id."""
+    scores = logits.astype(np.float64)
+    if not np.isfinite(scores).all():
+        raise InputError("the router produced NaN or infinite scores; its head or backbone weights are broken.")
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    probabilities = shifted / shifted.sum(axis=1, keepdims=True)
+    results = []
+    for row_logits, row_probabilities in zip(scores, probabilities, strict=True):
+        index = int(np.argmax(row_logits))
+        results.append(
+            {
+                "picked_agent": agents[index],
+                "agent_index": index,
+                "probabilities": {agent: float(p) for agent, p in zip(agents, row_probabilities, strict=True)},
+                "logits": {agent: float(x) for agent, x in zip(agents, row_logits, strict=True)},
+            }
+        )
     return results
 
 
@@ -475,18 +606,14 @@ def pick_agent(
         raise ValueError(f"{where} empty; a router cannot score an empty query.")
     if not queries:
         return []
-    router, tokenizer = get_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision)
-    operating_point_of(router, operating_point)  # a wrong name is reported before any routing
-    tradeoff_of(router, tradeoff)
-    routed = route_queries(
-        router,
-        tokenizer,
+    router = Router(*get_router(model, device=device, dtype=dtype, backbone=backbone, revision=revision))
+    routed = router.run(
         queries,
-        batch_size,
-        max_batch_tokens,
-        progress,
-        operating_points=operating_point,
-        tradeoffs=tradeoff,
+        operating_point,
+        tradeoff,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
     )
-    results = results_for(router, routed)
+    results = router.results(routed)
     return results[0] if single else results

@@ -245,3 +245,42 @@ def test_route_results_skips_only_the_queries_that_tokenize_to_nothing():
         assert results[position]["operating_point"] == (points[position] or "balanced")
         assert np.allclose(list(results[position]["logits"].values()), list(alone[0]["logits"].values()), atol=1e-5)
     assert routing.route_results(model, tokenizer, ["\u200b"]) == [None]
+
+
+class CountedTokenizer:
+    """A real tokenizer that counts how often it is called."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.calls = tokenizer, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_router_tokenizes_once_and_checks_each_point_once_at_the_edge(monkeypatch):
+    """Router.route: one tokenization however many queries are empty, each distinct point checked once
+    (none when the caller's edge checked them), and the model's decision as the pick."""
+    model, tokenizer = load_router(None)
+    checks = []
+    check = type(model.config).check_operating_point
+    monkeypatch.setattr(
+        type(model.config), "check_operating_point", lambda config, name: checks.append(name) or check(config, name)
+    )
+    counted = CountedTokenizer(tokenizer)
+    router = routing.Router(model, counted)
+    texts = [QUERIES[0], "\u200b", QUERIES[1], QUERIES[2], "\ufeff"]
+    points = ["fast", "quality", None, "fast", "quality"]
+    results = router.route(texts, points)
+    assert counted.calls == 1 and sorted(checks, key=str) == sorted(["fast", "quality", None], key=str)
+    assert [result is None for result in results] == [False, True, False, False, True]
+    checks.clear()
+    again = router.route(texts, ["fast", "quality", "balanced", "fast", "quality"], checked=True)
+    assert counted.calls == 2 and checks == [] and again == results  # None is the default point, "balanced"
+    routed = router.run([texts[i] for i in (0, 2, 3)], "fast")
+    assert [result["agent_index"] for result in router.results(routed)] == routed.picks.tolist()
+    with pytest.raises(InputError, match="not one of this router's"):
+        router.route(texts, "nowhere")

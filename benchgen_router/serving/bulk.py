@@ -33,8 +33,7 @@ from benchgen_router.files import (
     read_queries,
     text_problem,
 )
-from benchgen_router.loading import load_router
-from benchgen_router.routing import EMPTY_QUERY, operating_point_of, query_record, route_results
+from benchgen_router.routing import EMPTY_QUERY, Router, query_record
 from benchgen_router.serving.replica import set_torch_threads
 from benchgen_router.serving.service import check_cpus, check_positive, check_router_point, start_ray
 
@@ -67,18 +66,16 @@ class BulkRouter:
         operating_point: str | None = None,
     ) -> None:
         set_torch_threads(threads)
-        self.router, self.tokenizer = load_router(model, revision=revision, backbone=backbone)
+        self.router = Router.load(model, revision=revision, backbone=backbone)
         self.text_name = text_name
-        self.operating_point = operating_point_of(self.router, operating_point)
+        self.operating_point = self.router.check_point(operating_point)  # checked once, here
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = list(batch.pop("text"))
         problems = [text_problem(text, self.text_name) for text in texts]
         readable = [i for i, problem in enumerate(problems) if problem is None]
         results = [""] * len(texts)
-        outcomes = route_results(
-            self.router, self.tokenizer, [texts[i] for i in readable], operating_points=self.operating_point
-        )
+        outcomes = self.router.route([texts[i] for i in readable], self.operating_point, checked=True)
         for i, outcome in zip(readable, outcomes, strict=True):
             if outcome is None:
                 problems[i] = f"{self.text_name} {EMPTY_QUERY}"

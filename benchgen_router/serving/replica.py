@@ -17,7 +17,7 @@ from typing import Any
 
 from benchgen_router.errors import InputError, RouterTypeError, first_line
 from benchgen_router.loading import load_router
-from benchgen_router.routing import EMPTY_QUERY, operating_point_of, route_results, tradeoff_of
+from benchgen_router.routing import EMPTY_QUERY, Router, operating_point_of, tradeoff_of
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -29,15 +29,15 @@ DEFAULT_REPLICA_CPUS = 1
 def route_items(
     router: Any, tokenizer: Any, items: Sequence[tuple[str, str | None] | tuple[str, str | None, str | None]]
 ) -> list[dict[str, Any] | None]:
-    """route_results() of (text, operating point[, trade-off]) items, points and trade-offs checked
-    beforehand (a pair: the router's default decision); None: the text tokenizes to nothing. A merged
-    batch mixes requests at different points and trade-offs: one backbone run."""
-    return route_results(
-        router,
-        tokenizer,
+    """Router.route() of (text, operating point[, trade-off]) items whose points and trade-offs the
+    request's edge has checked (request_point, request_tradeoff), so they are not checked again (a
+    pair: the router's default decision); None: the text tokenizes to nothing. A merged batch mixes
+    requests at different points and trade-offs: one tokenization, one backbone run per planned batch."""
+    return Router(router, tokenizer).route(
         [item[0] for item in items],
-        operating_points=[item[1] for item in items],
-        tradeoffs=[item[2] if len(item) > 2 else None for item in items],
+        [item[1] for item in items],
+        [item[2] if len(item) > 2 else None for item in items],
+        checked=True,
     )
 
 
