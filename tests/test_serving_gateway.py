@@ -303,6 +303,19 @@ def test_a_pool_names_upstreams_with_a_base_url_for_the_pool_or_an_agent(tmp_pat
     assert read_gateway(plain, None, None) is None  # the service as before: no gateway
     with pytest.raises(InputError, match="needs a pool file whose agents have a base_url"):
         read_gateway(plain, None, None, gateway_fallback="alpha")
+    with pytest.raises(InputError, match="journal needs a pool file whose agents have a base_url") as refused:
+        read_gateway(plain, None, None, journal=tmp_path / "journal")
+    assert refused.value.cli.startswith("--journal needs")
+    with pytest.raises(InputError, match="journal_text needs journal"):
+        read_gateway(plain, None, None, journal_text=True)
+    (tmp_path / "a-file").write_text("")
+    good = tmp_path / "good.json"
+    default_agents = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
+    good.write_text(json.dumps({"base_url": "http://h:9/v1", "agents": [{"agent_id": a} for a in default_agents]}))
+    with pytest.raises(InputError, match="is a file; pass a folder"):
+        read_gateway(good, None, None, journal=tmp_path / "a-file")
+    relative = read_gateway(good, None, None, journal="journal", journal_text=True)  # the default router
+    assert relative.journal == str(Path("journal").resolve()) and relative.journal_text  # a replica's cwd differs
 
 
 def test_serve_run_passes_the_gateway_settings_to_the_ingress(tmp_path):

@@ -7,6 +7,7 @@ failed before the gateway refused or bounded it (docs/gateway.md, "What the gate
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -119,7 +120,13 @@ class AppServer:
 
     def run(self) -> None:
         ServedByThread.local.service = self.service
-        self.server.run()
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.server.serve())
+
+    def stop_replica(self) -> None:
+        """What Ray Serve does when a replica stops: the service's __del__, awaited in its event loop."""
+        user_class = RouterService.func_or_class.__mro__[1]
+        asyncio.run_coroutine_threadsafe(user_class.__del__(self.service), self.loop).result(30)
 
     @property
     def url(self) -> str:
@@ -374,7 +381,6 @@ def raw_get(app: AppServer, path: str) -> tuple[int, bytes, bytes]:
 
 def asgi_get(path: str) -> tuple[int, dict]:
     """(status, JSON body) of GET `path` given to the app as the server decoded it (%0D%0A: a CR LF)."""
-    import asyncio
 
     sent: list[dict] = []
 

@@ -1,19 +1,23 @@
 """The gateway's traffic through the service's real app on real HTTP (the harness of
 test_serving_gateway_hostile: uvicorn on 127.0.0.1, a RouterService holding a real tiny router, a scripted
-loopback upstream): conversations routed on their first user message."""
+loopback upstream): conversations routed on their first user message; every call journaled once, feedback
+beside it, bad feedback refused, the journal closed with the replica."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 from test_serving_gateway_hostile import AppServer, answered, build_router, make_service, pool_of
 
 from benchgen_router.serving.gateway import GatewaySettings
+from benchgen_router.serving.journal import read_journal
 from helpers import make_queries
-from upstream_server import MisbehavingUpstream
+from upstream_server import MisbehavingUpstream, Scripted
 
 QUERIES = make_queries(40, seed=21)
 
@@ -73,3 +77,168 @@ def test_first_user_routes_every_turn_of_a_conversation_to_the_agent_of_its_open
         last_agents.append(agent_of(last, messages))
     assert first_agents == ["alpha"] * 3
     assert last_agents == ["beta"] * 3
+
+
+# ---------------------------------------------------------------------------------------------
+# The traffic journal and feedback
+
+USAGE = {"prompt_tokens": 10, "completion_tokens": 2}
+
+
+def by_kind(body: dict) -> Scripted:
+    """JSON for a plain request; for a stream, SSE events with the usage in the last one."""
+    if body.get("stream") is not True:
+        return answered(USAGE)
+    events = [{"choices": [{"index": 0, "delta": {"content": word}}]} for word in ("4", ".")]
+    events.append({"choices": [], "usage": USAGE})
+    data = "".join(f"data: {json.dumps(event)}\n\n" for event in events) + "data: [DONE]\n\n"
+    return Scripted(body=data.encode(), headers={"content-type": "text/event-stream"})
+
+
+@pytest.fixture(scope="module")
+def journal_apps(router_dir, upstream, tmp_path_factory) -> Iterator[dict[object, tuple[AppServer, Path]]]:
+    """Apps journaling to their own folders: without the text (the default), with it, and one that stays
+    up for the feedback tests (the first two are stopped by their tests)."""
+    apps = {}
+    try:
+        for keep_text in (False, True, "feedback"):
+            folder = tmp_path_factory.mktemp(f"journal-{keep_text}")
+            settings = GatewaySettings(pool_of(upstream.base_url), journal=str(folder), journal_text=keep_text is True)
+            apps[keep_text] = (AppServer(make_service(router_dir, settings)).__enter__(), folder)
+        yield apps
+    finally:
+        for app, _ in apps.values():
+            app.__exit__()
+
+
+def post(app: AppServer, path: str, body: object) -> httpx.Response:
+    with httpx.Client(timeout=30, trust_env=False) as http:
+        if isinstance(body, bytes):
+            return http.post(f"{app.url}{path}", content=body, headers={"content-type": "application/json"})
+        return http.post(f"{app.url}{path}", json=body)
+
+
+def openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and "\n" not in error["message"], error
+    return error
+
+
+def test_every_call_is_journaled_once_and_feedback_lands_beside_it(journal_apps, upstream):
+    """Routed and passed through, streamed and not: one line each, with the decision, the status, the usage
+    and the times; the text as a salted hash only. Feedback by the answer's request id joins its call."""
+    upstream.script = by_kind
+    app, folder = journal_apps[False]
+    sent = []
+    for model in ("benchgen-router", "beta"):
+        for stream in (False, True):
+            body = {"model": model, "messages": [{"role": "user", "content": QUERIES[0]}], "stream": stream}
+            response = post(app, "/v1/chat/completions", body)
+            assert response.status_code == 200, response.text
+            request_id = response.headers["x-benchgen-request-id"]
+            assert request_id.startswith("bgr-")
+            sent.append((model, stream, request_id, response.headers["x-benchgen-agent"]))
+    routed_agent = picks(app, [QUERIES[0]])[0]
+    assert post(app, "/v1/feedback", {"request_id": sent[0][2], "score": 1}).json() == {
+        "object": "feedback",
+        "request_id": sent[0][2],
+        "score": 1.0,
+    }
+    second = {"request_id": sent[3][2], "score": 0.25, "comment": "too short"}
+    assert post(app, "/v1/feedback", second).status_code == 200
+    app.stop_replica()  # the journal is closed with the replica: every line is on disk
+    calls = {call["request_id"]: call for call in read_journal(folder)}
+    assert list(calls) == [request_id for _, _, request_id, _ in sent]
+    for model, stream, request_id, agent in sent:
+        call = calls[request_id]
+        routed = model == "benchgen-router"
+        assert (call["kind"], call["model"], call["stream"], call["status"], call["agent"]) == (
+            "call",
+            model,
+            stream,
+            200,
+            agent,
+        )
+        assert (call["prompt_tokens"], call["completion_tokens"]) == (10, 2)
+        assert call["cost_usd"] == pytest.approx((10 * 1.0 + 2 * 2.0) / 1e6)
+        assert call["operating_point"] == ("quality" if routed else None)
+        assert call["head_pick"] == (routed_agent if routed else None) and call["retried_from"] is None
+        assert call["out_of_distribution"] is None and call["guard_score"] is None  # a router without a guard
+        assert 0 <= call["first_byte_s"] <= call["total_s"] < 30
+        assert "text" not in call and len(call["text_sha256"]) == 64
+    assert len({call["text_sha256"] for call in calls.values()}) == 1  # one prompt, one hash
+    assert QUERIES[0] not in (folder.glob("calls-*.jsonl").__next__()).read_text()
+    assert [(f["score"], "comment" in f) for f in calls[sent[0][2]]["feedback"]] == [(1.0, False)]
+    assert [f["score"] for f in calls[sent[3][2]]["feedback"]] == [0.25]  # the comment is user text: not kept
+
+
+def test_with_journal_text_the_text_and_comment_are_kept(journal_apps, upstream):
+    upstream.script = by_kind
+    app, folder = journal_apps[True]
+    response = post(app, "/v1/chat/completions", {"model": "alpha", "messages": [{"role": "user", "content": "hi"}]})
+    request_id = response.headers["x-benchgen-request-id"]
+    assert post(app, "/v1/feedback", {"request_id": request_id, "score": 0, "comment": "wrong"}).status_code == 200
+    app.stop_replica()
+    (call,) = read_journal(folder)
+    assert call["text"] == "hi" and call["feedback"][0]["comment"] == "wrong"
+
+
+def test_a_line_the_journal_cannot_write_is_counted_in_the_metrics(journal_apps, upstream):
+    """After the journal is closed (the replica stopping), a call is still answered, and its line is
+    dropped and counted: the journal's write_failures, then the Prometheus counter."""
+    upstream.script = by_kind
+    app, _ = journal_apps[True]  # stopped by the test before
+    gateway = app.service.gateway
+    increments: list[float] = []
+    counter, gateway.metrics.journal_failures = (
+        gateway.metrics.journal_failures,
+        SimpleNamespace(inc=lambda value=1: increments.append(value)),
+    )
+    try:
+        before = gateway.journal.write_failures
+        response = post(
+            app, "/v1/chat/completions", {"model": "alpha", "messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert response.status_code == 200
+        assert gateway.journal.write_failures == before + 1 and increments == [1]
+    finally:
+        gateway.metrics.journal_failures = counter
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"request_id": "bgr-000000000000000000000000-forged", "score": 1}, 404, "request_id"),
+        ({"request_id": "chatcmpl-123", "score": 1}, 404, "request_id"),
+        ({"score": 1}, 400, "request_id"),
+        ({"request_id": "ID", "score": 1.5}, 400, "score"),
+        ({"request_id": "ID", "score": -0.1}, 400, "score"),
+        ({"request_id": "ID", "score": "1"}, 400, "score"),
+        ({"request_id": "ID", "score": True}, 400, "score"),
+        ({"request_id": "ID"}, 400, "score"),
+        ({"request_id": "ID", "score": 1, "comment": 3}, 400, "comment"),
+        ({"request_id": "ID", "score": 1, "scroe": 1}, 400, "scroe"),
+        (b'{"request_id": "ID", "score": NaN}', 400, None),
+        (b"thumbs up", 400, None),
+        (b"[1]", 400, None),
+    ],
+)
+def test_bad_feedback_is_a_4xx_with_one_line(journal_apps, upstream, body, status, param):
+    upstream.script = by_kind
+    app, _ = journal_apps["feedback"]
+    answer = post(app, "/v1/chat/completions", {"model": "alpha", "messages": [{"role": "user", "content": "hi"}]})
+    request_id = answer.headers["x-benchgen-request-id"]
+    if isinstance(body, dict):
+        body = {key: request_id if value == "ID" else value for key, value in body.items()}
+    else:
+        body = body.replace(b"ID", request_id.encode())
+    error = openai_error(post(app, "/v1/feedback", body), status)
+    assert error["param"] == param
+    if status == 404:
+        assert error["code"] == "request_not_found"
+
+
+def test_feedback_without_a_journal_is_a_404_saying_how_to_get_one(services):
+    error = openai_error(post(services["last-user"], "/v1/feedback", {"request_id": "x", "score": 1}), 404)
+    assert error["code"] == "journal_not_configured" and "--journal DIR" in error["message"]

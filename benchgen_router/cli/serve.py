@@ -118,6 +118,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=32 << 20,
         help="an upstream's non-streamed answer size at most; a larger one is answered 502, unread (default: 32 MiB)",
     )
+    gateway.add_argument(
+        "--journal",
+        type=Path,
+        metavar="DIR",
+        help="journal every gateway call to size-rotated JSON-lines files in DIR (the routed text as a salted hash) "
+        "and take feedback on POST /v1/feedback (docs/gateway.md)",
+    )
+    gateway.add_argument(
+        "--journal-text",
+        action="store_true",
+        help="store the routed text itself in the journal, not only its hash: prompts are users' data",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
         gateway_timeout_s=args.gateway_timeout,
         gateway_max_request_bytes=args.gateway_max_request_bytes,
         gateway_max_response_bytes=args.gateway_max_response_bytes,
+        journal=args.journal,
+        journal_text=args.journal_text,
         throughput_mode=args.throughput_mode,
     )
     return 0

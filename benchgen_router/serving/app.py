@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from benchgen_router.serving.gateway import (
     Gateway,
     GatewayError,
     GatewaySettings,
+    Journaled,
     Plan,
     chosen_tradeoff,
     model_entry,
@@ -78,6 +79,9 @@ DEFAULT_MAX_WAITING_QUERIES = 1024
 READY_WAIT_S = 1.0
 # What a 503 tells a client (and HAProxy) about when to come back.
 RETRY_HEADERS = {"Retry-After": "1"}
+# A feedback body: an id, a score and a comment.
+FEEDBACK_MAX_BYTES = 64 << 10
+FEEDBACK_MAX_COMMENT_CHARS = 8192
 # What a request whose client left is logged with (nginx's "client closed request"); no one reads it.
 CLIENT_GONE_STATUS = 499
 ROUTED_COUNTER = "benchgen_router_routed_queries"
@@ -322,6 +326,50 @@ async def while_connected(request: Request, work: Awaitable[T]) -> T | None:
     return task.result()
 
 
+def passthrough_text(payload: dict[str, Any], route_on: str) -> str | None:
+    """What the router would score in a pass-through request, for its journal line; None when nothing."""
+    try:
+        return routing_text(payload.get("messages"), route_on)
+    except GatewayError:
+        return None
+
+
+def parse_feedback(body: bytes, known: Callable[[str], bool]) -> tuple[str, float, str | None]:
+    """(request id, score, comment) of a feedback body; a GatewayError naming the field otherwise."""
+    payload = parse_chat_body(body, 'a JSON object {"request_id": "...", "score": 1}')
+    unknown = sorted(set(payload) - {"request_id", "score", "comment"})
+    if unknown:
+        raise GatewayError(
+            400,
+            f"unknown field(s) {', '.join(map(repr, unknown))}; send request_id, score and comment.",
+            param=unknown[0],
+        )
+    request_id, score, comment = payload.get("request_id"), payload.get("score"), payload.get("comment")
+    if not isinstance(request_id, str) or not request_id:
+        raise GatewayError(
+            400, '"request_id" must be the x-benchgen-request-id of a gateway answer.', param="request_id"
+        )
+    if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
+        raise GatewayError(
+            400,
+            f'"score" must be a number from 0 to 1 (a thumbs up is 1), got {json.dumps(score)[:40]}.',
+            param="score",
+        )
+    if comment is not None and (not isinstance(comment, str) or len(comment) > FEEDBACK_MAX_COMMENT_CHARS):
+        raise GatewayError(
+            400, f'"comment" must be text of at most {FEEDBACK_MAX_COMMENT_CHARS} characters.', param="comment"
+        )
+    if not known(request_id):
+        raise GatewayError(
+            404,
+            f"request id {request_id[:80]!r} was not issued by this service's journal; send the "
+            "x-benchgen-request-id header of a gateway answer.",
+            code="request_not_found",
+            param="request_id",
+        )
+    return request_id, float(score), comment
+
+
 def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any, Any]:
     # The body's shape only: its "operating_point" and "tradeoff" are returned as sent, checked against
     # the router once it is loaded.
@@ -546,7 +594,9 @@ class RouterService:
         payload = await off_loop(big, parse_chat_body, body)
         target = parse_model(payload.get("model"), gateway.settings.upstreams, loaded.point_names)
         if target.upstream is not None:
-            return await self.relayed(request, gateway, payload, Plan(attempts=(target.upstream,), routed=False), big)
+            plan = Plan(attempts=(target.upstream,), routed=False)
+            journaled = gateway.journaled(payload, passthrough_text(payload, gateway.settings.route_on))
+            return await self.relayed(request, gateway, payload, plan, big, journaled)
         tradeoff = chosen_tradeoff(target, payload)
         try:
             request_tradeoff(loaded.router, tradeoff)
@@ -568,20 +618,72 @@ class RouterService:
         self.routed.inc(1, tags={"agent": result["picked_agent"]})
         router_fallback = loaded.fallbacks.get(result.get("operating_point"))
         plan = routed_plan(result, gateway.settings.upstreams, gateway.settings.fallback_agent, router_fallback)
-        return await self.relayed(request, gateway, payload, plan, big)
+        journaled = gateway.journaled(payload, text)
+        if journaled is not None:
+            journaled.decision = result
+        return await self.relayed(request, gateway, payload, plan, big, journaled)
 
     async def relayed(
-        self, request: Request, gateway: Gateway, payload: dict[str, Any], plan: Plan, big: bool
+        self,
+        request: Request,
+        gateway: Gateway,
+        payload: dict[str, Any],
+        plan: Plan,
+        big: bool,
+        journaled: Journaled | None,
     ) -> Response:
         """The upstream's answer; its call cancelled as soon as the client leaves (a stream's relay stops the
-        same way, in UpstreamStream)."""
-        answer = await while_connected(request, gateway.forward(payload, plan, big))
+        same way, in UpstreamStream). Journaled once, however it ends."""
+        answer = await while_connected(request, gateway.forward(payload, plan, big, journaled))
         if answer is None:
             logger.info(
                 "gateway: a client left before its answer; the call to %s was cancelled", plan.attempts[0].agent
             )
+            gateway.record(journaled, CLIENT_GONE_STATUS, None, None)
             return Response(status_code=CLIENT_GONE_STATUS)
         return answer
+
+    @api.post(
+        "/v1/feedback",
+        response_model=None,
+        summary="A score from 0 to 1 for a journaled gateway answer, by its x-benchgen-request-id",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["request_id", "score"],
+                            "properties": {
+                                "request_id": {"type": "string"},
+                                "score": {"type": "number", "minimum": 0, "maximum": 1},
+                                "comment": {"type": "string"},
+                            },
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def feedback(self, request: Request) -> JSONResponse:
+        try:
+            gateway = self.gateway_on(request)
+            if gateway.journal is None:
+                raise GatewayError(
+                    404,
+                    "this service keeps no traffic journal, so it takes no feedback; restart it with --journal DIR "
+                    "(docs/gateway.md).",
+                    code="journal_not_configured",
+                )
+            body = await read_body(request, FEEDBACK_MAX_BYTES)
+            request_id, score, comment = parse_feedback(body, gateway.journal.known_request_id)
+        except Exception as err:  # counted here, answered by the error handler
+            self.count_refusal(err)
+            raise
+        gateway.journal.record_feedback(request_id, score, comment)
+        gateway.count_journal_failures()
+        return JSONResponse({"object": "feedback", "request_id": request_id, "score": score})
 
     @api.get("/v1/models", summary="OpenAI's model list: the router, at each operating point, and each agent")
     async def models(self, request: Request) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import time
 import unicodedata
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 
 from benchgen_router.errors import InputError, setting_error
 from benchgen_router.files import text_problem
+from benchgen_router.serving.journal import TrafficJournal
 from benchgen_router.upstreams import Upstream, UpstreamPool, mask_keys, retryable_status
 
 logger = logging.getLogger("benchgen_router.serving")
@@ -95,6 +97,8 @@ class GatewaySettings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    journal: str | None = None  # a folder: every call journaled there (serving/journal.py)
+    journal_text: bool = False  # the routed text stored too, not only its salted hash
 
 
 def names_upstreams(document: Any) -> bool:
@@ -254,7 +258,7 @@ def visible(text: str) -> bool:
     return any(unicodedata.category(character) not in INVISIBLE_CATEGORIES for character in text)
 
 
-def parse_chat_body(body: bytes) -> dict[str, Any]:
+def parse_chat_body(body: bytes, expected: str = "an OpenAI chat completion request") -> dict[str, Any]:
     """The request's JSON object, with its documented fields' types checked; no NaN or Infinity, which
     would be sent upstream as invalid JSON."""
     try:
@@ -264,7 +268,7 @@ def parse_chat_body(body: bytes) -> dict[str, Any]:
             400, f"the body holds the number {err}, which JSON does not allow; send finite numbers."
         ) from None
     except (ValueError, RecursionError):
-        raise GatewayError(400, "the body is not valid JSON; send an OpenAI chat completion request.") from None
+        raise GatewayError(400, f"the body is not valid JSON; send {expected}.") from None
     if not isinstance(payload, dict):
         raise GatewayError(400, f"the body is a JSON {type(payload).__name__}, not an object.")
     stream = payload.get("stream")
@@ -321,6 +325,42 @@ class Plan:
         if answered is not self.attempts[0]:
             headers["x-benchgen-retried-from"] = self.attempts[0].agent
         return headers
+
+
+@dataclass
+class Journaled:
+    """One gateway request's journal line, filled in as the request is answered, and written once."""
+
+    request_id: str
+    model: str
+    text: str | None  # what the router scored (a pass-through: what it would score), None without user text
+    stream: bool
+    decision: dict[str, Any] = field(default_factory=dict)  # a routed request's: the router's result
+    agent: str | None = None  # the agent being called, then the one that answered
+    retried_from: str | None = None
+    first_byte_s: float | None = None
+    written: bool = False
+
+    def entry(self, status: int, usage: CallUsage | None, total_s: float | None) -> dict[str, Any]:
+        usage = usage or CallUsage()
+        return {
+            "request_id": self.request_id,
+            "model": self.model,
+            "operating_point": self.decision.get("operating_point"),
+            "tradeoff": self.decision.get("tradeoff"),
+            "agent": self.agent,
+            "head_pick": self.decision.get("head_pick") or self.decision.get("picked_agent"),
+            "out_of_distribution": self.decision.get("out_of_distribution"),
+            "guard_score": self.decision.get("ood_score"),
+            "retried_from": self.retried_from,
+            "status": status,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "cost_usd": usage.cost_usd,
+            "first_byte_s": None if self.first_byte_s is None else round(self.first_byte_s, 6),
+            "total_s": None if total_s is None else round(total_s, 6),
+            "stream": self.stream,
+        }
 
 
 def routed_plan(
@@ -464,6 +504,10 @@ class GatewayMetrics:
             description="Upstream calls that failed (timeout, connect, transport, 429, 5xx), by agent and reason.",
             tag_keys=("agent", "reason"),
         )
+        self.journal_failures = Counter(
+            "benchgen_router_gateway_journal_write_failures",
+            description="Traffic journal lines that could not be written (an unwritable folder, a full disk).",
+        )
         self.implausible_usage = Counter(
             "benchgen_router_gateway_implausible_usage",
             description="Calls whose usage was not counted: token counts or costs no real call has, by agent.",
@@ -509,6 +553,31 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.http: httpx.AsyncClient | None = None
         logging.getLogger("httpx").setLevel(logging.WARNING)  # else a log line per upstream call
+        self.journal = (
+            TrafficJournal(Path(settings.journal), keep_text=settings.journal_text) if settings.journal else None
+        )
+        self.journal_failures_counted = 0
+
+    def journaled(self, payload: Mapping[str, Any], text: str | None) -> Journaled | None:
+        """A request's journal line to fill in (None without a journal), with its new request id."""
+        if self.journal is None:
+            return None
+        model = payload.get("model")
+        return Journaled(self.journal.new_request_id(), str(model), text, payload.get("stream") is True)
+
+    def record(self, journaled: Journaled | None, status: int, usage: CallUsage | None, total_s: float | None) -> None:
+        """Journal a request once, however it ended; the journal's write failures reach the metrics."""
+        if journaled is None or journaled.written or self.journal is None:
+            return
+        journaled.written = True
+        self.journal.record_call(journaled.entry(status, usage, total_s), journaled.text)
+        self.count_journal_failures()
+
+    def count_journal_failures(self) -> None:
+        """The journal counts what its writer thread could not write; the counter follows it."""
+        if self.journal is not None and self.journal.write_failures > self.journal_failures_counted:
+            self.metrics.journal_failures.inc(self.journal.write_failures - self.journal_failures_counted)
+            self.journal_failures_counted = self.journal.write_failures
 
     def key_problem(self, environ: Mapping[str, str] = os.environ) -> str | None:
         """Why this process cannot call the upstreams: a key variable the driver had and it lacks."""
@@ -533,27 +602,39 @@ class Gateway:
         return self.http
 
     async def close(self) -> None:
-        if self.http is not None:
-            http, self.http = self.http, None
-            await http.aclose()
+        """Close the upstream connections, then the journal (its queued lines written and synced)."""
+        try:
+            if self.http is not None:
+                http, self.http = self.http, None
+                await http.aclose()
+        finally:
+            if self.journal is not None:
+                await asyncio.to_thread(self.journal.close)
 
-    async def forward(self, payload: dict[str, Any], plan: Plan, big: bool) -> Response:
+    async def forward(
+        self, payload: dict[str, Any], plan: Plan, big: bool, journaled: Journaled | None = None
+    ) -> Response:
         """The first answer of the plan's agents that is neither a failure nor a 429/5xx: a JSON answer
         whole, a stream as it comes (UpstreamStream). The last agent's 429 is passed on, with its
-        Retry-After; when every agent fails, a 502."""
+        Retry-After; when every agent fails, a 502. `journaled`: the request's journal line, written
+        here (a stream's once it ends)."""
         stream = payload.get("stream") is True
         failures: list[str] = []
         for position, upstream in enumerate(plan.attempts):
+            if journaled is not None:
+                journaled.agent = upstream.agent
+                journaled.retried_from = plan.attempts[0].agent if position else None
             body = await off_loop(big, encode_body, payload, upstream.model)
             started = time.perf_counter()
             try:
-                reply, content = await self.call(upstream, body, stream)
+                reply, content, first_byte_s = await self.call(upstream, body, stream)
             except httpx.HTTPError as err:
                 failures.append(self.failed(upstream, *failure_reason(err, self.settings.timeout_s)))
                 continue
             except ResponseTooLarge as err:  # not retried: the call was answered, and billed
                 self.failed(upstream, "too_large", str(err))
                 self.metrics.answered(plan, upstream.agent, 502)
+                self.record(journaled, 502, None, time.perf_counter() - started)
                 raise GatewayError(502, f"agent '{upstream.agent}' {err}.", code="upstream_error") from None
             status = reply.status_code
             if retryable_status(status):
@@ -562,27 +643,35 @@ class Gateway:
                     failures.append(words)
                     continue
             headers = {**passed_headers(reply), **plan.headers(upstream)}
+            if journaled is not None:
+                headers["x-benchgen-request-id"] = journaled.request_id
+                journaled.first_byte_s = first_byte_s
             self.metrics.answered(plan, upstream.agent, status)
             if content is None:
-                return UpstreamStream(reply, upstream, headers, self.metrics, started, self.settings.timeout_s)
+                return UpstreamStream(reply, upstream, headers, self, started, journaled)
             usage = body_usage(content) if reply.is_success else None
-            counted = self.metrics.finished(upstream, usage, time.perf_counter() - started, stream=False)
+            total_s = time.perf_counter() - started
+            counted = self.metrics.finished(upstream, usage, total_s, stream=False)
+            self.record(journaled, status, counted, total_s)
             return Response(self.masked(content), status_code=status, headers={**headers, **cost_headers(counted)})
         self.metrics.answered(plan, plan.attempts[0].agent, 502)
+        self.record(journaled, 502, None, None)
         raise GatewayError(502, f"no upstream answered: {'; '.join(failures)}.", code="upstream_error")
 
-    async def call(self, upstream: Upstream, body: bytes, stream: bool) -> tuple[httpx.Response, bytes | None]:
-        """The upstream's answer and its body, read whole (ResponseTooLarge past max_response_bytes); a
-        stream to relay comes back still open, its body None."""
+    async def call(self, upstream: Upstream, body: bytes, stream: bool) -> tuple[httpx.Response, bytes | None, float]:
+        """The upstream's answer, its body read whole (ResponseTooLarge past max_response_bytes), and the
+        seconds to its first byte (its headers); a stream to relay comes back still open, its body None."""
         headers = {"content-type": "application/json", **upstream.headers()}
         request = self.client().build_request(
             "POST", f"{upstream.base_url}/chat/completions", content=body, headers=headers
         )
+        started = time.perf_counter()
         reply = await self.client().send(request, stream=True)
+        first_byte_s = time.perf_counter() - started
         if stream and reply.is_success:
-            return reply, None
+            return reply, None, first_byte_s
         try:
-            return reply, await read_capped(reply, self.settings.max_response_bytes)
+            return reply, await read_capped(reply, self.settings.max_response_bytes), first_byte_s
         finally:
             await reply.aclose()
 
@@ -635,12 +724,13 @@ class UpstreamStream(StreamingResponse):
         reply: httpx.Response,
         upstream: Upstream,
         headers: dict[str, str],
-        metrics: GatewayMetrics,
+        gateway: Gateway,
         started: float,
-        timeout_s: float,
+        journaled: Journaled | None = None,
     ) -> None:
-        self.reply, self.upstream, self.metrics = reply, upstream, metrics
-        self.started, self.timeout_s = started, timeout_s
+        self.reply, self.upstream, self.gateway, self.journaled = reply, upstream, gateway, journaled
+        self.metrics, self.timeout_s = gateway.metrics, gateway.settings.timeout_s
+        self.started = started
         self.usage = StreamUsage()
         self.counted: CallUsage | None = None  # the stream's usage as counted, once it ends
         super().__init__(self.relay(), status_code=reply.status_code, headers=headers)
@@ -667,6 +757,6 @@ class UpstreamStream(StreamingResponse):
             with anyio.CancelScope(shield=True):  # the request may be cancelled: the upstream is closed anyway
                 await self.reply.aclose()
             self.usage.finish()
-            self.counted = self.metrics.finished(
-                self.upstream, self.usage.usage, time.perf_counter() - self.started, stream=True
-            )
+            total_s = time.perf_counter() - self.started
+            self.counted = self.metrics.finished(self.upstream, self.usage.usage, total_s, stream=True)
+            self.gateway.record(self.journaled, self.reply.status_code, self.counted, total_s)

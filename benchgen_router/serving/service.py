@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -219,12 +220,17 @@ def read_gateway(
     gateway_timeout_s: float = GATEWAY_TIMEOUT_S,
     gateway_max_request_bytes: int = GATEWAY_MAX_REQUEST_BYTES,
     gateway_max_response_bytes: int = GATEWAY_MAX_RESPONSE_BYTES,
+    journal: str | os.PathLike | None = None,
+    journal_text: bool = False,
 ) -> GatewaySettings | None:
     """The gateway's settings when the pool file names upstreams, every problem of the file at once (one
     line each); None when it names none: the service then has no gateway."""
+    if journal_text and journal is None:
+        raise setting_error("{journal_text} needs {journal}, the folder to journal to.")
     if pool_file is None or not names_upstreams(read_pool_rows(pool_file)):
-        if gateway_fallback is not None:
-            raise setting_error("{gateway_fallback} needs a pool file whose agents have a base_url (docs/gateway.md).")
+        for name, value in (("gateway_fallback", gateway_fallback), ("journal", journal)):
+            if value is not None:
+                raise setting_error(f"{{{name}}} needs a pool file whose agents have a base_url (docs/gateway.md).")
         return None
     upstreams = read_upstream_pool(pool_file, router_agents(model, revision))
     check_gateway_settings(route_on, gateway_fallback, gateway_timeout_s, upstreams.agents)
@@ -237,7 +243,19 @@ def read_gateway(
         float(gateway_timeout_s),
         gateway_max_request_bytes,
         gateway_max_response_bytes,
+        journal=journal_folder(journal),
+        journal_text=journal_text,
     )
+
+
+def journal_folder(journal: str | os.PathLike | None) -> str | None:
+    """The journal's folder as an absolute path (a replica's working directory is not the caller's)."""
+    if journal is None:
+        return None
+    folder = Path(journal).expanduser().resolve()
+    if folder.exists() and not folder.is_dir():
+        raise setting_error(f"{{journal={journal}}} is a file; pass a folder (it is created when missing).")
+    return str(folder)
 
 
 def build_application(
@@ -302,12 +320,18 @@ def app_builder(args: dict[str, str]) -> Any:
         "gateway_timeout_s",
         "gateway_max_request_bytes",
         "gateway_max_response_bytes",
+        "journal",
+        "journal_text",
     )
     known = {"model", "revision", "backbone", "pool", "operating_point", *numbers, *integers, *gateway_keys}
     unknown = sorted(set(args) - known)
     if unknown:
         raise InputError(f"unknown argument(s) {', '.join(unknown)}; pass some of {', '.join(sorted(known))}.")
     settings: dict[str, Any] = {key: value for key, value in args.items() if key not in ("model", "pool")}
+    if "journal_text" in settings:
+        if settings["journal_text"] not in ("true", "false"):
+            raise InputError(f"journal_text must be true or false, got {settings['journal_text']!r}.")
+        settings["journal_text"] = settings["journal_text"] == "true"
     for key in settings:
         if key in integers or key in numbers:
             try:
@@ -353,6 +377,8 @@ def serve(
     gateway_timeout_s: float = GATEWAY_TIMEOUT_S,
     gateway_max_request_bytes: int = GATEWAY_MAX_REQUEST_BYTES,
     gateway_max_response_bytes: int = GATEWAY_MAX_RESPONSE_BYTES,
+    journal: str | os.PathLike | None = None,
+    journal_text: bool = False,
     throughput_mode: bool | None = None,
 ) -> RunningService | None:
     """Serve the router over HTTP on host:port (arguments and lifecycle: docs/service.md). Settings are
@@ -370,6 +396,8 @@ def serve(
         gateway_timeout_s,
         gateway_max_request_bytes,
         gateway_max_response_bytes,
+        journal,
+        journal_text,
     )
     local = not address and not ray.is_initialized()
     mode, mode_fallback = choose_mode(throughput_mode, joins_running_ray=not local)
