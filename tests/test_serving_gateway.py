@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
+import socket
 import time
 from pathlib import Path
 from types import MethodType, SimpleNamespace
@@ -377,7 +379,12 @@ def write_pool(path: Path, base_urls: dict[str, str], models: dict[str, str]) ->
 
 
 @pytest.fixture(scope="module")
-def service(router_dir, upstreams, tmp_path_factory):
+def journal_folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("traffic") / "journal"  # made by the replica
+
+
+@pytest.fixture(scope="module")
+def service(router_dir, upstreams, journal_folder, tmp_path_factory):
     from benchgen_router.serving import free_port, serve
 
     pool = write_pool(
@@ -385,7 +392,14 @@ def service(router_dir, upstreams, tmp_path_factory):
         {agent: server.base_url for agent, server in zip(AGENTS, upstreams, strict=True)},
         {agent: server.model for agent, server in zip(AGENTS, upstreams, strict=True)},
     )
-    running = serve(str(router_dir), port=free_port(), pool_file=pool, max_batch_size=16, blocking=False)
+    running = serve(
+        str(router_dir),
+        port=free_port(),
+        pool_file=pool,
+        max_batch_size=16,
+        blocking=False,
+        journal=journal_folder,
+    )
     try:
         yield running
     finally:
@@ -505,6 +519,7 @@ def test_an_agent_id_or_slug_is_passed_through_unrouted(service, upstreams):
         assert "x-benchgen-operating-point" not in response.headers
         assert response.json()["model"] == upstreams[1].model
         assert float(response.headers["x-benchgen-cost-usd"]) > 0
+        assert len(response.headers.get_list("x-request-id")) == 1  # the service's; the upstream's is renamed
     error = is_openai_error(chat(service.url, "gpt-4o"), 404)
     assert (error["code"], error["param"], error["type"]) == ("model_not_found", "model", "invalid_request_error")
 
@@ -554,6 +569,33 @@ def metric_sum(text: str, name: str, **tags: str) -> float:
 
 
 @pytest.mark.slow
+def test_calls_and_feedback_are_journaled_by_the_replicas(service, journal_folder):
+    """serve(journal=...): a routed answer carries its request id, feedback on it is taken, and both
+    lines reach the journal's folder, written by the replica."""
+    from benchgen_router.serving.journal import read_journal
+
+    folder = journal_folder
+    response = chat(service.url, content=QUERIES[1], max_tokens=2)
+    assert response.status_code == 200, response.text
+    request_id = response.headers["x-benchgen-request-id"]
+    with client() as http:
+        feedback = http.post(f"{service.url}/v1/feedback", json={"request_id": request_id, "score": 1})
+        forged = http.post(f"{service.url}/v1/feedback", json={"request_id": request_id[:-1] + "0", "score": 1})
+    assert feedback.status_code == 200, feedback.text
+    assert is_openai_error(forged, 404)["code"] == "request_not_found"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        calls = {call["request_id"]: call for call in read_journal(folder)} if folder.is_dir() else {}
+        if calls.get(request_id, {}).get("feedback"):
+            break
+        time.sleep(0.2)
+    call = calls[request_id]
+    assert call["agent"] == response.headers["x-benchgen-agent"] and call["status"] == 200
+    assert call["completion_tokens"] == response.json()["usage"]["completion_tokens"]
+    assert [feedback["score"] for feedback in call["feedback"]] == [1.0]
+
+
+@pytest.mark.slow
 def test_metrics_count_requests_tokens_cost_and_latency_per_agent(service):
     assert chat(service.url, "alpha", max_tokens=3).status_code == 200
     names = {
@@ -579,6 +621,8 @@ def test_metrics_count_requests_tokens_cost_and_latency_per_agent(service):
     assert all(value > 0 for value in values.values()), values
     assert values["completion"] >= 3 and values["routed"] >= 100  # the tests before this one
     assert 0 < values["cost"] < 1
+    series = [line for line in text.splitlines() if line.startswith("ray_benchgen_router_")]
+    assert series and all(math.isfinite(float(line.rsplit(" ", 1)[1])) for line in series)
     assert metric_sum(text, "ray_benchgen_router_routed_queries_total") >= values["routed"]  # routing counted too
 
 
@@ -670,6 +714,29 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_upstream_call(stalled_
     while (held.holding or held.closed == closed) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert held.holding == 0 and held.closed == closed + 1
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_before_a_json_answer_cancels_the_upstream_call(stalled_service, held):
+    """In the service's default mode (throughput, HAProxy in front): the upstream never answers, the
+    client closes its connection; the upstream sees its own closed within seconds."""
+    closed = held.closed
+    data = json.dumps({"model": "alpha", "messages": user("hold on")}).encode()
+    host, port = stalled_service.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        deadline = time.monotonic() + 15
+        while held.holding == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert held.holding == 1
+    left = time.monotonic()
+    while (held.holding or held.closed == closed) and time.monotonic() < left + 15:
+        time.sleep(0.05)
+    assert held.holding == 0 and held.closed == closed + 1 and time.monotonic() - left < 5
 
 
 @pytest.mark.slow

@@ -26,6 +26,9 @@ the variable that holds its key), the service is also an OpenAI-compatible gatew
 forwards it to the agent picked; an agent's id or slug as "model" goes straight to that agent. The answer
 is the agent's, with x-benchgen-* headers (agent, operating point, cost). GET /v1/models lists the names.
 A call that fails (timeout, connection, 429, 5xx) is retried once on --gateway-fallback, then answered 502.
+With --journal DIR, every gateway call is journaled there (the routed text as a salted hash, unless
+--journal-text), each answer carries x-benchgen-request-id, and POST /v1/feedback {"request_id": ...,
+"score": 0..1} records a client's rating beside its call.
 """
 
 from __future__ import annotations
