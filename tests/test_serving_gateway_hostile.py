@@ -124,7 +124,8 @@ class AppServer:
         self.loop.run_until_complete(self.server.serve())
 
     def stop_replica(self) -> None:
-        """What Ray Serve does when a replica stops: the service's __del__, awaited in its event loop."""
+        """What Ray Serve does when a replica stops: the service's async __del__, awaited in its event loop
+        (garbage collection, which would only make the coroutine, is kept from calling it)."""
         user_class = RouterService.func_or_class.__mro__[1]
         asyncio.run_coroutine_threadsafe(user_class.__del__(self.service), self.loop).result(30)
 
@@ -158,7 +159,7 @@ def make_service(router_dir: Path, settings: GatewaySettings) -> object:
     import ray.serve.context as context
 
     wrapper = RouterService.func_or_class
-    service = object.__new__(wrapper)
+    service = object.__new__(type("HeldService", (wrapper,), {"__del__": lambda self: None}))  # see stop_replica
     running, context._INTERNAL_REPLICA_CONTEXT = context._INTERNAL_REPLICA_CONTEXT, None  # metrics outside a replica
     try:
         wrapper.__mro__[1].__init__(service, str(router_dir), None, None, None, 1, 16, 0.0, gateway=settings)
