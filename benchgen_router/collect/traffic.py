@@ -86,7 +86,7 @@ class JournalSample:
     sampled: int  # tasks written (or reused)
     by_agent: Mapping[str, int]  # sampled prompts per answering agent
     with_feedback: int  # sampled prompts with at least one feedback score
-    reused: bool = False  # the tasks file of an earlier run, kept for --resume
+    reused: bool = False  # the tasks file of an earlier run, kept for --resume (the journal is not read)
 
 
 def _score(value: Any) -> bool:
@@ -167,14 +167,13 @@ def write_journal_tasks(source: JournalSource, tasks: Path) -> JournalSample:
 
 def _reused_sample(tasks: Path) -> JournalSample:
     rows = read_tasks(str(tasks), judge=True)
-    by_agent: dict[str, int] = {}
     return JournalSample(
         tasks=tasks,
         calls=0,
         without_text=0,
         prompts=len(rows),
         sampled=len(rows),
-        by_agent=by_agent,
+        by_agent={},
         with_feedback=sum(bool(task.feedback) for task in rows),
         reused=True,
     )
