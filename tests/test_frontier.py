@@ -13,7 +13,7 @@ from benchgen_router import frontier as fr
 from benchgen_router.costs import CostData, load_cost_data
 from benchgen_router.errors import InputError
 from benchgen_router.head import head_picks
-from benchgen_router.training import search_head
+from benchgen_router.training.search import search_head
 from helpers import PILOT, cli, run_tool
 
 FAST = {"generations": 15, "seed": 3}

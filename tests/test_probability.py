@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchgen_router.trainer.probability import (
+from benchgen_router.training.probability import (
     ProbabilityHead,
     calibration_report,
     decide,

@@ -14,7 +14,7 @@ held-out rows with frontier.gap (APGR, CPT(50%), CPT(80%) as routellm/evals comp
   R - w * C for each cost weight w (reward per strong call); the curve is their held-out points plus
   always-weak and always-strong;
 - the reward-only CMA-ES head (w = 0) with its logit margin swept at RouteLLM's thresholds;
-- the probability head (trainer.probability) with its decision rule swept: at two agents, "the best
+- the probability head (training.probability) with its decision rule swept: at two agents, "the best
   expected reward minus lambda times cost" sends a query to the strong agent when p_strong - p_weak
   exceeds lambda, so sweeping lambda is RouteLLM's threshold sweep of p_strong - p_weak;
 - kNN (frontier.cv.knn_picks) over the same cost weights, plus the endpoints;
@@ -282,7 +282,7 @@ def _run_split(
         return pool.curve_of_picks("cmaes_sweep", picks, test_r, test_cost)
 
     def probability() -> gp.GapCurve:
-        from benchgen_router.trainer.probability import fit_probability_head
+        from benchgen_router.training.probability import fit_probability_head
 
         head = fit_probability_head(train_x, train_r, seed=config.cv_seed)
         p = head.predict(test_x)
@@ -327,7 +327,7 @@ def _random_figures(
 
 def _probability_head_available() -> bool:
     try:
-        from benchgen_router.trainer.probability import fit_probability_head  # noqa: F401
+        from benchgen_router.training.probability import fit_probability_head  # noqa: F401
     except ImportError:
         return False
     return True

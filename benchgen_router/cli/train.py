@@ -31,8 +31,8 @@ from benchgen_router.cli.common import (
     read_card_note,
 )
 from benchgen_router.frontier.grid import parse_operating_point
-from benchgen_router.trainer import DEFAULT_BACKBONE, parse_seed_list, reference_settings, train_defaults
-from benchgen_router.training import CMA_LIBRARIES, DEFAULT_CMA_LIBRARY, MIN_POPSIZE
+from benchgen_router.training import DEFAULT_BACKBONE, parse_seed_list, reference_settings, train_defaults
+from benchgen_router.training.search import CMA_LIBRARIES, DEFAULT_CMA_LIBRARY, MIN_POPSIZE
 
 logger = logging.getLogger("benchgen_router")
 
@@ -281,12 +281,12 @@ def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from benchgen_router.trainer import TrainConfig, run_summary, train
+    from benchgen_router.training import TrainConfig, run_summary, train
 
     settings = {item.name: getattr(args, item.name) for item in fields(TrainConfig)}
     result = train(TrainConfig(**{**settings, "card_note": read_card_note(args.card_note)}))
     if args.head_kind == "probability":
-        from benchgen_router.trainer.probability import probability_summary
+        from benchgen_router.training.probability import probability_summary
 
         print(probability_summary(result.report))
         return 0

@@ -11,7 +11,7 @@ import numpy as np
 
 from benchgen_router.costs import MAX_WEIGHT, CostData, utility_matrix
 from benchgen_router.errors import InputError
-from benchgen_router.training import SearchResult, search_heads
+from benchgen_router.training.search import SearchResult, search_heads
 
 # The release trainer's search (separable CMA-ES, sigma0 0.5, 60 generations, seed 42) unless the caller passes others.
 DEFAULT_SEARCH: dict[str, Any] = {"hidden_dim": 0, "sigma0": 0.5, "generations": 60, "seed": 42}

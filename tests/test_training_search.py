@@ -1,4 +1,4 @@
-"""training.py: the separable CMA-ES search (it finds what there is to find, deterministic per seed,
+"""training/search.py: the separable CMA-ES search (it finds what there is to find, deterministic per seed,
 keeps the best candidate ever seen), the vectorised fitness, and the settings the libraries accept."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from benchgen_router.errors import InputError
 from benchgen_router.evaluation import baselines
 from benchgen_router.head import head_logits
-from benchgen_router.training import fitness, population_picks, search_head, search_heads
+from benchgen_router.training.search import fitness, population_picks, search_head, search_heads
 from helpers import AGENTS
 
 

@@ -1,4 +1,4 @@
-"""benchgen_router.trainer: train() from Python, with no command line, gives what the command writes;
+"""benchgen_router.training: train() from Python, with no command line, gives what the command writes;
 its configuration is the command line's (every flag's default is the library's); bad settings fail
 before any work."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from benchgen_router.cli.main import build_parser
 from benchgen_router.errors import InputError
-from benchgen_router.trainer import TrainConfig, train, train_defaults
+from benchgen_router.training import TrainConfig, train, train_defaults
 from helpers import AGENTS, cli, synthetic_rows, write_jsonl
 
 

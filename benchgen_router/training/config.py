@@ -1,0 +1,243 @@
+"""A training run's settings: the typed config, its defaults and the checks made before any work."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from benchgen_router import ood as ood_defaults
+from benchgen_router.data import DEFAULT_TEST_SPLIT
+from benchgen_router.errors import InputError, setting_error
+from benchgen_router.manifest import DEFAULT_TRUNCATION_LENGTH
+from benchgen_router.training.search import DEFAULT_CMA_LIBRARY
+
+logger = logging.getLogger("benchgen_router")
+
+
+DEFAULT_BACKBONE = "Qwen/Qwen3-1.7B"
+DEFAULT_REWARD_COLUMN = "mean_reward"
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run reads; `benchgen-router train --help` describes each (the flag of a field is
+    its name with dashes)."""
+
+    # data
+    rewards: str
+    tasks: str
+    output_dir: Path
+    rewards_id: str | None = None
+    reward_column: str = DEFAULT_REWARD_COLUMN  # or collect's feedback_reward (users' feedback, judge elsewhere)
+    test_split: str = DEFAULT_TEST_SPLIT
+    cv_folds: int = 5
+    # backbone and head
+    backbone: str = DEFAULT_BACKBONE
+    backbone_id: str | None = None  # what the manifest records (default: backbone)
+    backbone_revision: str | None = None
+    head_hidden_dim: int = 0
+    head_kind: str = "cmaes"  # or "probability": a trade-off chosen per request (training/probability.py)
+    truncation_length: int = DEFAULT_TRUNCATION_LENGTH
+    device: str = "cpu"
+    dtype: str = "float32"
+    batch_size: int | None = None
+    max_batch_tokens: int | None = None
+    allow_emulated_bf16: bool = False
+    cache_dir: Path | None = None
+    no_cache: bool = False
+    # search
+    sigma0: float = 0.5
+    generations: int = 60
+    seed: int = 42
+    popsize: int | None = None
+    cma_library: str = DEFAULT_CMA_LIBRARY
+    ensemble_seeds: list[int] | None = None
+    shrink: float = 0.0
+    # cost and latency
+    calls: Path | None = None
+    pool: Path | None = None
+    operating_points: Sequence[tuple[str, Any]] | None = None  # (name, frontier.Tradeoff)
+    default_operating_point: str | None = None
+    target_eps: float | None = None
+    cv_repeats: int = 10
+    cv_seed: int = 0
+    # query forms
+    query_format: str = "pilot"
+    # out-of-distribution guard
+    no_ood_guard: bool = False
+    ood_method: str = "discriminative"
+    ood_keep_share: float = 0.95
+    ood_plain_keep_share: float = ood_defaults.DEFAULT_PLAIN_KEEP_SHARE
+    ood_inside: Path | None = None
+    ood_outside: Path | None = None
+    ood_queries: Path | None = None
+    # output
+    model_id: str | None = None
+    export: Path | None = None
+    card_note: str | None = None  # markdown appended to the exported card
+    no_progress: bool = False
+
+    def __post_init__(self) -> None:
+        self.output_dir = Path(self.output_dir)
+        self.backbone_id = self.backbone_id or self.backbone
+
+
+OPTION_FLAGS = {"operating_points": "--operating-point"}
+
+
+def check_config(config: TrainConfig) -> None:
+    """The settings of a run, checked before any work."""
+    from benchgen_router.training.search import check_search_settings
+
+    def refuse(template: str) -> InputError:
+        return setting_error(template, OPTION_FLAGS)
+
+    if config.cv_folds == 1:
+        raise refuse("{cv_folds} must be 0 (skip) or at least 2.")
+    if not isinstance(config.reward_column, str) or not config.reward_column.strip():
+        raise refuse("{reward_column} must name a column of the rewards file, e.g. mean_reward or feedback_reward.")
+    if config.head_hidden_dim < 0 or config.truncation_length < 1:
+        raise refuse("{head_hidden_dim} must be >= 0 and {truncation_length} >= 1.")
+    if config.head_kind not in ("cmaes", "probability"):
+        raise refuse(f"{{head_kind}} must be cmaes or probability, got {config.head_kind!r}.")
+    if config.head_kind == "probability" and (config.head_hidden_dim or config.operating_points):
+        raise refuse(
+            "{head_kind=probability} is one linear layer whose trade-off is chosen per request: drop "
+            "{head_hidden_dim} and {operating_points}."
+        )
+    check_search_settings(config.sigma0, config.generations, config.seed, config.popsize, config.cma_library)
+    if not 0.0 < config.ood_keep_share < 1.0:
+        raise refuse(f"{{ood_keep_share}} must lie strictly between 0 and 1, got {config.ood_keep_share}.")
+    for name in ("ood_queries", "calls", "pool"):
+        path = getattr(config, name)
+        if path is not None and not Path(path).is_file():
+            raise refuse(f"{{{name}}} {path} not found; pass the file (see docs/training.md).")
+    for name in ("output_dir", "export"):
+        folder = getattr(config, name)
+        if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
+            raise refuse(f"{{{name}}} {folder} is a file; pass a folder.")
+    check_point_settings(config)
+
+
+def check_point_settings(config: TrainConfig) -> None:
+    """The operating points and how the default one is chosen."""
+
+    def refuse(template: str) -> InputError:
+        return setting_error(template, OPTION_FLAGS)
+
+    if config.pool is not None and config.calls is None:
+        raise refuse("{pool} prices calls: pass {calls} with it.")
+    points = list(config.operating_points or [])
+    names = [name for name, _ in points]
+    if points and config.calls is None:
+        raise refuse("{operating_points} train for cost and latency: pass {calls} (the per-call records).")
+    if len(set(names)) != len(names):
+        raise refuse(f"{{operating_points}} names repeat: {sorted({n for n in names if names.count(n) > 1})}.")
+    if len({tradeoff for _, tradeoff in points}) != len(points):
+        raise refuse("two {operating_points} have the same weights; give each point its own trade-off.")
+    default = config.default_operating_point
+    if default is not None and default not in names:
+        raise refuse(
+            f"{{default_operating_point}} {default!r} is not one of the {{operating_points}} {names or '(none)'}."
+        )
+    if config.target_eps is not None:
+        if len(points) < 2:
+            raise refuse("{target_eps} chooses between operating points: give at least two {operating_points}.")
+        if default is not None:
+            raise refuse("{target_eps} chooses the default operating point; drop {default_operating_point}.")
+        if not config.target_eps >= 0:
+            raise refuse(f"{{target_eps}} must be a reward difference >= 0, got {config.target_eps}.")
+        if not config.cv_folds:
+            raise refuse("{target_eps} chooses by cross-validation: {cv_folds} must not be 0.")
+
+
+def parse_seed_list(text: str) -> list[int]:
+    """'42,43,44' -> the ensemble's seeds."""
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"'{text}' is not a comma-separated list of integers") from None
+    if not seeds:
+        raise InputError("give at least one seed")
+    return seeds
+
+
+def rewards_source(config: TrainConfig) -> str:
+    """What the manifest records as the rewards dataset: --rewards-id, else --rewards, with the column
+    trained on when it is not the default."""
+    if config.rewards_id:
+        return config.rewards_id
+    if config.reward_column == DEFAULT_REWARD_COLUMN:
+        return config.rewards
+    return f"{config.rewards} ({config.reward_column})"
+
+
+def train_defaults() -> dict[str, Any]:
+    """Each optional field's default, for the command line's flags."""
+    return {item.name: item.default for item in fields(TrainConfig) if item.default is not MISSING}
+
+
+def search_options(config: TrainConfig) -> dict[str, Any]:
+    """The search settings of this run, in frontier.run_search's terms."""
+    options: dict[str, Any] = {
+        "hidden_dim": config.head_hidden_dim,
+        "sigma0": config.sigma0,
+        "generations": config.generations,
+        "seed": config.seed,
+        "popsize": config.popsize,
+        "library": config.cma_library,
+    }
+    if config.ensemble_seeds:
+        options["ensemble_seeds"] = config.ensemble_seeds
+    if config.shrink:
+        options["shrink"] = config.shrink
+    return options
+
+
+# Reference trainer config key -> (option dest, type).
+CONFIG_KEYS: dict[str, tuple[str, type]] = {
+    "model_id": ("model_id", str),
+    "model": ("backbone", str),
+    "rewards_dataset": ("rewards", str),
+    "tasks_dataset": ("tasks", str),
+    "tasks_path": ("tasks", str),
+    "test_split": ("test_split", str),
+    "head_hidden_dim": ("head_hidden_dim", int),
+    "cma_seed": ("seed", int),
+    "cma_sigma0": ("sigma0", float),
+    "cma_generations": ("generations", int),
+    "cma_population_size": ("popsize", int),
+    "device": ("device", str),
+    "output_dir": ("output_dir", str),
+}
+KIND_NAMES = {str: "a string", int: "an integer", float: "a number"}
+
+
+def reference_settings(path: Path) -> dict[str, Any]:
+    """TrainConfig fields from a reference trainer config file (unknown keys are logged and ignored)."""
+    from benchgen_router.files import read_json
+
+    config = read_json(path, "config file")
+    if not isinstance(config, dict):
+        raise InputError(f"config file {path} must be a JSON object of trainer settings.")
+    if "tasks_dataset" in config and "tasks_path" in config:
+        raise InputError(f"config file {path} gives both tasks_dataset and tasks_path; keep one.")
+    defaults: dict[str, Any] = {}
+    for key, value in config.items():
+        if key not in CONFIG_KEYS:
+            logger.warning("config file %s: ignoring unknown key '%s'", path, key)
+            continue
+        dest, kind = CONFIG_KEYS[key]
+        if value is None:
+            continue
+        wrong = f"config file {path}: '{key}' must be {KIND_NAMES[kind]}, got {value!r}."
+        if isinstance(value, bool | list | dict):
+            raise InputError(wrong)
+        try:
+            defaults[dest] = kind(str(value))
+        except ValueError:
+            raise InputError(wrong) from None
+    return defaults

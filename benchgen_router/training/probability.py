@@ -1,0 +1,353 @@
+"""The probability head: for each agent, the calibrated probability that it answers a query correctly.
+
+    head = fit_probability_head(embeddings, correct)          # (n, D) float32, (n, N) in [0, 1]
+    probabilities = head.predict(embeddings)                   # (n, N)
+    picks = decide(probabilities, costs_per_1k, "budget=0.3")  # the rule of docs/tradeoff.md, numpy or torch
+
+One logistic regression per agent over the same pooled embedding as the CMA-ES head (a linear layer and
+a sigmoid, so it travels in the same checkpoint), L2-regularised with a strength chosen per agent by
+inner cross-validation on held-out log loss. Rewards in [0, 1] are soft labels. The decision rule itself
+is the model code's (`RouterConfig.tradeoff_rule` and `decide` in modeling_router.py): this module
+calls it, so a benchmark, the trainer and the router pick alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# L2 strengths tried per agent (on standardised features, loss averaged over rows), strongest first so
+# that a tie in held-out log loss keeps the simpler model.
+STRENGTHS = (1.0, 0.1, 0.01, 1e-3, 1e-4)
+INNER_FOLDS = 3
+CALIBRATION_BINS = 10
+LAMBDA_GRID_SIZE = 200
+
+
+@dataclass
+class ProbabilityHead:
+    """`weight` (N, D) and `bias` (N,) of the linear layer whose sigmoid is each agent's probability of
+    answering correctly; `strengths` (N,) the L2 strength inner cross-validation chose per agent."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    strengths: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def predict(self, embeddings: np.ndarray) -> np.ndarray:
+        """(n, D) embeddings -> (n, N) probabilities (float64)."""
+        logits = np.asarray(embeddings, dtype=np.float64) @ self.weight.astype(np.float64).T + self.bias
+        return 1.0 / (1.0 + np.exp(-logits))
+
+    def theta(self) -> np.ndarray:
+        """The flat vector of head_weights.npy (the reference's layout: W (D, N) row-major, then b)."""
+        return np.concatenate([self.weight.T.astype(np.float64).ravel(), self.bias.astype(np.float64)])
+
+
+def fit_probability_head(
+    embeddings: np.ndarray, correct: np.ndarray, seed: int = 0, strengths: tuple[float, ...] = STRENGTHS
+) -> ProbabilityHead:
+    """Fit one L2-regularised logistic regression per agent: `embeddings` (n, D), `correct` (n, N) in
+    [0, 1] (soft labels for graded rewards). Each agent's strength is the one of `strengths` with the
+    lowest mean held-out log loss over INNER_FOLDS seeded folds; the final fit uses every row."""
+    import torch
+
+    x = np.asarray(embeddings, dtype=np.float64)
+    y = np.asarray(correct, dtype=np.float64)
+    if x.ndim != 2 or y.ndim != 2 or len(x) != len(y) or len(x) < 2:
+        raise ValueError(f"embeddings (n, D) and correct (n, N) must share n >= 2 rows, got {x.shape} and {y.shape}.")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()) or y.min() < 0 or y.max() > 1:
+        raise ValueError("embeddings must be finite and correct must lie in [0, 1].")
+    # Standardised features condition the search; the scaling is folded back into the layer afterwards.
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    scale[scale < 1e-12] = 1.0
+    z = torch.from_numpy((x - mean) / scale)
+    targets = torch.from_numpy(y)
+    folds = np.random.default_rng(seed).permutation(len(x)) % min(INNER_FOLDS, len(x))
+    with one_thread():
+        return _fit_with_inner_cv(z, targets, folds, strengths, mean, scale)
+
+
+def _fit_with_inner_cv(
+    z: Any, targets: Any, folds: np.ndarray, strengths: tuple[float, ...], mean: np.ndarray, scale: np.ndarray
+) -> ProbabilityHead:
+    import torch
+
+    y = targets.numpy()
+    losses = np.zeros((len(strengths), y.shape[1]))
+    for fold in np.unique(folds):
+        train, held = torch.from_numpy(folds != fold), torch.from_numpy(folds == fold)
+        start = None  # each strength starts from the stronger one's solution: far fewer steps
+        for k, strength in enumerate(strengths):
+            start = _fit(z[train], targets[train], torch.full((y.shape[1],), strength, dtype=torch.float64), start)
+            logits = z[held] @ start[0].T + start[1]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets[held], reduction="none")
+            losses[k] += loss.sum(dim=0).numpy() / len(y)
+    chosen = np.array([strengths[k] for k in losses.argmin(axis=0)])
+    weight, bias = _fit(z, targets, torch.from_numpy(chosen))
+    weight, bias = weight.numpy() / scale, bias.numpy() - (weight.numpy() / scale) @ mean
+    return ProbabilityHead(weight.astype(np.float32), bias.astype(np.float32), chosen)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread while fitting: the steps are small matrix products, which extra threads slow
+    down on a busy machine, and one thread keeps the order of sums fixed, so a seed gives one head run after run."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(z: Any, targets: Any, strengths: Any, start: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+    """Minimise, for every agent at once (the loss is a sum over agents), the mean binary cross-entropy
+    plus strength/2 * |w|^2 (the bias unpenalised) with L-BFGS from `start` (else zeros); float64, deterministic."""
+    import torch
+
+    if start is None:
+        start = (torch.zeros(targets.shape[1], z.shape[1], dtype=torch.float64), torch.zeros(targets.shape[1]))
+    weight = start[0].clone().to(torch.float64).requires_grad_(True)
+    bias = start[1].clone().to(torch.float64).requires_grad_(True)
+    optimiser = torch.optim.LBFGS(
+        [weight, bias], max_iter=300, history_size=20, tolerance_grad=1e-6, line_search_fn="strong_wolfe"
+    )
+
+    def closure() -> Any:
+        optimiser.zero_grad()
+        logits = z @ weight.T + bias
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none").mean(dim=0)
+        loss = (loss + 0.5 * strengths * (weight**2).sum(dim=1)).sum()
+        loss.backward()
+        return loss
+
+    optimiser.step(closure)
+    return weight.detach(), bias.detach()
+
+
+def calibration_report(probabilities: np.ndarray, correct: np.ndarray, agents: list[str], bins: int = CALIBRATION_BINS):
+    """How well predicted probabilities match outcomes on held-out rows: per agent and pooled, the
+    Brier score (mean squared error), the expected calibration error (ECE: the row-weighted mean gap
+    between predicted and observed rates over `bins` equal-width bins) and the reliability table
+    (per bin: rows, mean predicted, observed rate)."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    y = np.asarray(correct, dtype=np.float64)
+
+    def summary(pred: np.ndarray, outcome: np.ndarray) -> dict[str, Any]:
+        index = np.minimum((pred * bins).astype(int), bins - 1)
+        table, ece = [], 0.0
+        for b in range(bins):
+            rows = index == b
+            if rows.any():
+                predicted, observed = float(pred[rows].mean()), float(outcome[rows].mean())
+                ece += rows.sum() / len(pred) * abs(predicted - observed)
+                table.append(
+                    {
+                        "bin": [b / bins, (b + 1) / bins],
+                        "rows": int(rows.sum()),
+                        "predicted": predicted,
+                        "observed": observed,
+                    }
+                )
+        return {"brier": float(((pred - outcome) ** 2).mean()), "ece": float(ece), "reliability": table}
+
+    report = {"rows": len(p), "pooled": summary(p.ravel(), y.ravel())}
+    report["agents"] = {agent: summary(p[:, j], y[:, j]) for j, agent in enumerate(agents)}
+    return report
+
+
+def tradeoff_calibration(probabilities: np.ndarray, costs_per_1k: np.ndarray, agents: list[str]) -> dict[str, Any]:
+    """What the budget rules need (config.tradeoff_calibration), from a sample of traffic's probabilities:
+    each agent's margin (its probability minus the best other agent's) at the quantile levels, and the
+    cost per 1,000 queries of the `lambda` rule at a grid of lambdas, from 0 up to one at which every
+    query goes to the cheapest agent (a probability gap is at most 1)."""
+    import torch
+
+    from benchgen_router.model_code import QUANTILE_LEVELS
+    from benchgen_router.model_code import decide as decide_rule
+
+    p = np.asarray(probabilities, dtype=np.float64)
+    costs = np.asarray(costs_per_1k, dtype=np.float64)
+    margins = {}
+    for j, agent in enumerate(agents):
+        others = np.delete(p, j, axis=1).max(axis=1) if len(agents) > 1 else np.zeros(len(p))
+        margins[agent] = [float(v) for v in np.quantile(p[:, j] - others, QUANTILE_LEVELS)]
+    gaps = np.diff(np.unique(costs))
+    top = 2.0 / gaps.min() if len(gaps) else 1.0
+    lambdas = [0.0, *np.geomspace(top * 1e-5, top, LAMBDA_GRID_SIZE - 1).tolist()]
+    tensor, cost_tensor = torch.from_numpy(p), torch.from_numpy(costs)
+    with one_thread():  # 200 small argmaxes: extra threads only cost here
+        picks = [decide_rule(tensor, cost_tensor, ("lambda", lam, -1)).numpy() for lam in lambdas]
+    spend = [float(costs[chosen].mean()) for chosen in picks]
+    return {"rows": len(p), "margins": margins, "lambdas": lambdas, "cost_per_1k": spend}
+
+
+def decide(
+    probabilities: Any,
+    costs_per_1k: Any,
+    tradeoff: str,
+    calibration: dict[str, Any] | None = None,
+    agents: list[str] | None = None,
+) -> Any:
+    """Picks (n,) for (n, N) probabilities, numpy or torch (the result is the same kind), under
+    `tradeoff` as a router applies it (docs/tradeoff.md). The budget forms use `calibration`
+    (tradeoff_calibration of a traffic sample; None: calibrated on `probabilities` themselves).
+    `agents` names the pool for `budget=X@AGENT` (default "0", "1", ...). ValueError for a bad spelling."""
+    import torch
+
+    from benchgen_router.model_code import decide as decide_rule
+    from benchgen_router.model_code import parse_tradeoff, resolve_tradeoff
+
+    as_numpy = not isinstance(probabilities, torch.Tensor)
+    p = torch.as_tensor(np.asarray(probabilities, dtype=np.float64)) if as_numpy else probabilities
+    costs = np.asarray(costs_per_1k.cpu() if isinstance(costs_per_1k, torch.Tensor) else costs_per_1k, dtype=np.float64)
+    names = list(agents) if agents is not None else [str(j) for j in range(p.shape[1])]
+    form, value, agent = parse_tradeoff(tradeoff, names, costs.tolist())
+    if form in ("budget", "usd-per-1k") and calibration is None:
+        calibration = tradeoff_calibration(p.detach().cpu().double().numpy(), costs, names)
+    rule = resolve_tradeoff(form, value, agent, calibration, names[agent])
+    picks = decide_rule(p, torch.from_numpy(costs), rule)
+    return picks.numpy() if as_numpy else picks
+
+
+def expected_costs_per_1k(cost_per_1k: np.ndarray | None, agents: int) -> list[float]:
+    """Each agent's mean cost per 1,000 queries over the training rows (USD, from --calls/--pool), or
+    1,000 (one unit a call) when the run has no per-call costs."""
+    if cost_per_1k is None:
+        return [1000.0] * agents
+    return [float(v) for v in np.asarray(cost_per_1k, dtype=np.float64).mean(axis=0)]
+
+
+def reliability_lines(report: dict[str, Any]) -> list[str]:
+    """The pooled reliability table as text lines, for the training log."""
+    lines = [f"{'bin':>11}  {'rows':>6}  {'predicted':>9}  {'observed':>8}"]
+    for row in report["pooled"]["reliability"]:
+        low, high = row["bin"]
+        lines.append(f"{low:.1f}-{high:.1f}  {row['rows']:>6}  {row['predicted']:>9.3f}  {row['observed']:>8.3f}")
+    return lines
+
+
+def train_probability(config: Any) -> Any:
+    """`benchgen-router train --head-kind probability`: embed the labelled prompts, fit the probability head
+    on the training rows, calibrate the budget rules on them, measure calibration (Brier, ECE, reliability)
+    and the default rule's picks on the held-out rows, and write the run folder (and with `export`, the
+    Hub folder) in the same formats as a CMA-ES run. Rewards (in [0, 1]) are the labels; costs come from
+    --calls/--pool, else one unit a call. No guard or operating points: the trade-off is chosen per request."""
+    import time
+
+    from benchgen_router.convert import Release, write_release
+    from benchgen_router.evaluation import evaluate_picks
+    from benchgen_router.files import staging_dir, to_json
+    from benchgen_router.folder import check_output_folder
+    from benchgen_router.forms import QUERY_FORMATS
+    from benchgen_router.manifest import make_manifest
+    from benchgen_router.model_code import DEFAULT_TRADEOFF, canonical_query
+    from benchgen_router.report import TrainingReport
+    from benchgen_router.training.config import check_config, rewards_source
+    from benchgen_router.training.run import RUN_FILES, TrainResult, backbone_embedder, model_id, read_training_data
+
+    check_config(config)
+    if config.export is not None:
+        check_output_folder(config.export, overwrite=False)
+    data, _, test, how, cost_data = read_training_data(config)
+    rewards = np.asarray(data.rewards, dtype=np.float64)  # in [0, 1]: the data's reader checks
+    rules = QUERY_FORMATS[config.query_format]
+    started = time.perf_counter()
+    embedded = backbone_embedder(config, data.agents)([canonical_query(p, rules) for p in data.prompts])
+    timings = {"embedding_seconds": time.perf_counter() - started}
+    embeddings = embedded.vectors.astype(np.float32)
+    started = time.perf_counter()
+    head = fit_probability_head(embeddings[~test], rewards[~test], seed=config.seed)
+    timings["fit_seconds"] = time.perf_counter() - started
+    costs = expected_costs_per_1k(None if cost_data is None else cost_data.cost_per_1k[~test], len(data.agents))
+    calibration = tradeoff_calibration(head.predict(embeddings[~test]), np.asarray(costs), data.agents)
+    held_out = head.predict(embeddings[test])
+    evaluation = evaluate_picks(decide(held_out, costs, DEFAULT_TRADEOFF), rewards[test], data.agents)
+    theta = head.theta()
+    report = TrainingReport(
+        model_id=config.model_id or model_id(config.backbone_id, data.agents, theta),
+        backbone_model=config.backbone_id,
+        backbone_revision=config.backbone_revision,
+        rewards_dataset=rewards_source(config),
+        n_head_params=int(theta.size),
+        n_total=len(data),
+        n_train=int((~test).sum()),
+        n_test=int(test.sum()),
+        held_out=how,
+        train_reward=float(
+            rewards[~test][
+                np.arange(int((~test).sum())), decide(head.predict(embeddings[~test]), costs, DEFAULT_TRADEOFF)
+            ].mean()
+        ),
+        test_reward=evaluation["router"],
+        baselines={key: evaluation[key] for key in ("random_agent", "best_fixed_agent", "oracle")},
+        beats_best_fixed_agent=evaluation["beats_best_fixed_agent"],
+        duration_seconds=round(sum(timings.values()), 3),
+        truncation_length=embedded.truncation_length,
+        evaluation=evaluation,
+        timings={key: round(value, 3) for key, value in timings.items()},
+        extra={
+            "probability_head": {
+                "method": "logistic regression per agent, L2 strength by inner cross-validation",
+                "strengths": dict(zip(data.agents, head.strengths.tolist(), strict=True)),
+                "inner_folds": INNER_FOLDS,
+                "default_tradeoff": DEFAULT_TRADEOFF,
+                "held_out_calibration": calibration_report(held_out, rewards[test], data.agents),
+            }
+        },
+    )
+    settings = {"head_kind": "probability", "agent_costs_per_1k": costs, "tradeoff_calibration": calibration}
+    manifest = make_manifest(
+        agent_order=data.agents,
+        embedding_dim=int(embeddings.shape[1]),
+        head_hidden_dim=0,
+        **({"query_format": rules} if rules else {}),
+        **{key: value for key, value in report.to_dict().items() if key != "probability_head"},
+    )
+    manifest.update(settings, probability_head=report.extra["probability_head"])
+    with staging_dir(config.output_dir, owned=RUN_FILES) as staging:
+        np.save(staging / "head_weights.npy", theta, allow_pickle=False)
+        (staging / "manifest.json").write_text(to_json(manifest, indent=2) + "\n", encoding="utf-8")
+    if config.export is not None:
+        release = Release(
+            agents=data.agents,
+            embedding_dim=int(embeddings.shape[1]),
+            head_hidden_dim=0,
+            head=theta,
+            report=report,
+            truncation_length=embedded.truncation_length,
+            query_format=rules or None,
+            **settings,
+        )
+        write_release(
+            release,
+            config.export,
+            backbone=config.backbone,
+            backbone_revision=config.backbone_revision,
+            backbone_id=config.backbone_id,
+            card_note=config.card_note,
+        )
+    return TrainResult(report=report, manifest=manifest, head=head)
+
+
+def probability_summary(report: Any) -> str:
+    """What `train --head-kind probability` prints: the held-out evaluation under the default rule, and
+    the held-out calibration (Brier score, ECE, pooled reliability table)."""
+    from benchgen_router.evaluation import format_evaluation
+
+    record = report.extra["probability_head"]
+    calibration = record["held_out_calibration"]
+    pooled = calibration["pooled"]
+    lines = [
+        format_evaluation(report.evaluation, f"held-out evaluation ({record['default_tradeoff']})"),
+        f"held-out calibration ({calibration['rows']} rows): Brier {pooled['brier']:.4f}, ECE {pooled['ece']:.4f}; "
+        + ", ".join(f"{agent} Brier {row['brier']:.4f}" for agent, row in calibration["agents"].items()),
+        *reliability_lines(calibration),
+    ]
+    return "\n".join(lines)

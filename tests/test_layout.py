@@ -1,0 +1,70 @@
+"""Import paths that moved keep working until the next minor version: each old path warns once, naming
+the new one and pointing at the importer's line, and gives the new module's own objects."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+
+import pytest
+
+# (old module, new module, a name read through the old one)
+MOVED = [
+    ("benchgen_router.trainer", "benchgen_router.training", "TrainConfig"),
+    ("benchgen_router.trainer", "benchgen_router.training", "train"),
+    ("benchgen_router.trainer.config", "benchgen_router.training.config", "TrainConfig"),
+    ("benchgen_router.trainer.run", "benchgen_router.training.run", "train"),
+    ("benchgen_router.trainer.guard", "benchgen_router.training.guard", "fit_task_guard"),
+    ("benchgen_router.trainer.probability", "benchgen_router.training.probability", "fit_probability_head"),
+    ("benchgen_router.trainer.summary", "benchgen_router.training.summary", "run_summary"),
+]
+
+# What `benchgen_router.training` exported when it was the search module alone: still there, with no warning.
+SEARCH_NAMES = [
+    "CMA_LIBRARIES",
+    "DEFAULT_CMA_LIBRARY",
+    "MAX_SEED",
+    "MIN_POPSIZE",
+    "SearchResult",
+    "check_search_settings",
+    "cross_validate",
+    "fitness",
+    "picked_rewards",
+    "population_picks",
+    "search_head",
+    "search_heads",
+]
+
+
+@pytest.mark.parametrize(("old", "new", "name"), MOVED, ids=[f"{old}.{name}" for old, _, name in MOVED])
+def test_old_path_warns_and_gives_the_new_object(old: str, new: str, name: str) -> None:
+    sys.modules.pop(old, None)  # an earlier test may have imported it: import it afresh, so it warns again
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        __import__(old)  # no importlib frame of its own: the warning must point at this file
+        value = getattr(sys.modules[old], name)
+    ours = [w for w in caught if str(w.message).startswith(f"{old} moved to {new};")]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert issubclass(ours[0].category, DeprecationWarning)
+    assert "0.4.0" in str(ours[0].message)
+    assert ours[0].filename == __file__
+    assert value is getattr(importlib.import_module(new), name)
+
+
+def test_an_old_path_lacks_what_the_new_one_lacks() -> None:
+    with pytest.warns(DeprecationWarning):
+        sys.modules.pop("benchgen_router.trainer", None)
+        old = importlib.import_module("benchgen_router.trainer")
+    with pytest.raises(AttributeError, match="no_such_name"):
+        old.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("name", SEARCH_NAMES)
+def test_training_still_exports_the_search_without_a_warning(name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        training = importlib.import_module("benchgen_router.training")
+        search = importlib.import_module("benchgen_router.training.search")
+        assert getattr(training, name) is getattr(search, name)
+        assert name in training.__all__
