@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchgen_router.data import held_out_mask, join_rewards
-from benchgen_router.evaluation import baselines, evaluate_picks
+from benchgen_router.evaluation.metrics import baselines, evaluate_picks
 from helpers import AGENTS, NO_PILOT, PILOT, pilot_data, synthetic_rows
 
 needs_pilot = pytest.mark.skipif(not (PILOT / "rewards.jsonl").exists(), reason=NO_PILOT)

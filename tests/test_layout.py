@@ -18,6 +18,8 @@ MOVED = [
     ("benchgen_router.trainer.guard", "benchgen_router.training.guard", "fit_task_guard"),
     ("benchgen_router.trainer.probability", "benchgen_router.training.probability", "fit_probability_head"),
     ("benchgen_router.trainer.summary", "benchgen_router.training.summary", "run_summary"),
+    ("benchgen_router.evaluator", "benchgen_router.evaluation.run", "evaluate"),
+    ("benchgen_router.evaluator", "benchgen_router.evaluation.run", "EvaluateConfig"),
 ]
 
 # What `benchgen_router.training` exported when it was the search module alone: still there, with no warning.
@@ -60,6 +62,10 @@ def test_an_old_path_lacks_what_the_new_one_lacks() -> None:
         old.no_such_name  # noqa: B018
 
 
+# What `benchgen_router.evaluation` exported when it was the metrics module alone.
+METRICS_NAMES = ["baselines", "evaluate_picks", "format_cross_validation", "format_evaluation"]
+
+
 @pytest.mark.parametrize("name", SEARCH_NAMES)
 def test_training_still_exports_the_search_without_a_warning(name: str) -> None:
     with warnings.catch_warnings():
@@ -68,3 +74,13 @@ def test_training_still_exports_the_search_without_a_warning(name: str) -> None:
         search = importlib.import_module("benchgen_router.training.search")
         assert getattr(training, name) is getattr(search, name)
         assert name in training.__all__
+
+
+@pytest.mark.parametrize("name", METRICS_NAMES)
+def test_evaluation_still_exports_the_metrics_without_a_warning(name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluation = importlib.import_module("benchgen_router.evaluation")
+        metrics = importlib.import_module("benchgen_router.evaluation.metrics")
+        assert getattr(evaluation, name) is getattr(metrics, name)
+        assert name in evaluation.__all__

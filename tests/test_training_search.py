@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchgen_router.errors import InputError
-from benchgen_router.evaluation import baselines
+from benchgen_router.evaluation.metrics import baselines
 from benchgen_router.head import head_logits
 from benchgen_router.training.search import fitness, population_picks, search_head, search_heads
 from helpers import AGENTS

@@ -130,8 +130,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def run(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from benchgen_router.evaluation import format_evaluation
-    from benchgen_router.evaluator import EvaluateConfig, evaluate
+    from benchgen_router.evaluation.metrics import format_evaluation
+    from benchgen_router.evaluation.run import EvaluateConfig, evaluate
     from benchgen_router.files import Output, to_json
     from benchgen_router.frontier import format_frontier, format_gap
 

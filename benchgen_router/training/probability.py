@@ -242,7 +242,7 @@ def train_probability(config: Any) -> Any:
     import time
 
     from benchgen_router.convert import Release, write_release
-    from benchgen_router.evaluation import evaluate_picks
+    from benchgen_router.evaluation.metrics import evaluate_picks
     from benchgen_router.files import staging_dir, to_json
     from benchgen_router.folder import check_output_folder
     from benchgen_router.forms import QUERY_FORMATS
@@ -339,7 +339,7 @@ def train_probability(config: Any) -> Any:
 def probability_summary(report: Any) -> str:
     """What `train --head-kind probability` prints: the held-out evaluation under the default rule, and
     the held-out calibration (Brier score, ECE, pooled reliability table)."""
-    from benchgen_router.evaluation import format_evaluation
+    from benchgen_router.evaluation.metrics import format_evaluation
 
     record = report.extra["probability_head"]
     calibration = record["held_out_calibration"]

@@ -248,7 +248,7 @@ def run_report(
 ) -> TrainingReport:
     """The run's typed report: every reference figure, the evaluation, the search settings, the
     operating points, the frontier and the guard."""
-    from benchgen_router.evaluation import evaluate_picks
+    from benchgen_router.evaluation.metrics import evaluate_picks
     from benchgen_router.head import head_picks
 
     data, test, result = run.data, run.test, run.results[run.default]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from benchgen_router.errors import InputError
-from benchgen_router.evaluation import evaluate_picks
+from benchgen_router.evaluation.metrics import evaluate_picks
 from benchgen_router.head import check_float32_finite, head_param_count, head_picks, unflatten_theta
 
 CMA_LIBRARIES = ("pycma", "cmaes")

@@ -10,7 +10,7 @@ from benchgen_router.training.run import TrainResult
 
 
 def run_summary(result: TrainResult, ensemble_seeds: list[int] | None = None) -> str:
-    from benchgen_router.evaluation import format_cross_validation, format_evaluation
+    from benchgen_router.evaluation.metrics import format_cross_validation, format_evaluation
 
     report, head = result.report, result.head
     default = report.default_operating_point

@@ -1,4 +1,4 @@
-"""benchgen_router.evaluator: evaluate() from Python gives the record the command writes, and its
+"""benchgen_router.evaluation: evaluate() from Python gives the record the command writes, and its
 configuration is the command line's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from benchgen_router.cli.main import build_parser
 from benchgen_router.errors import InputError
-from benchgen_router.evaluator import EvaluateConfig, evaluate
+from benchgen_router.evaluation import EvaluateConfig, evaluate
 from benchgen_router.files import to_json
 from helpers import cli, synthetic_rows, write_jsonl
 
@@ -55,7 +55,7 @@ def test_two_agents_get_routellms_figures_and_a_priced_pool_its_gap():
     from test_frontier_gap import SCORES, STRONG, WEAK, routellm_literal
 
     from benchgen_router.costs import CostData
-    from benchgen_router.evaluator import EvaluateReport, routing_gap
+    from benchgen_router.evaluation import EvaluateReport, routing_gap
 
     rewards = np.stack([STRONG, WEAK], axis=1)  # the strong agent first: it is found by its accuracy
     logits = np.stack([SCORES, np.zeros_like(SCORES)], axis=1)

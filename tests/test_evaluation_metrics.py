@@ -1,10 +1,10 @@
-"""evaluation.py: the reference baselines and the evaluation table, against hand computations."""
+"""evaluation/metrics.py: the reference baselines and the evaluation table, against hand computations."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from benchgen_router.evaluation import baselines, evaluate_picks, format_cross_validation, format_evaluation
+from benchgen_router.evaluation.metrics import baselines, evaluate_picks, format_cross_validation, format_evaluation
 
 AGENTS = ["a", "b", "c"]
 REWARDS = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
