@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from benchgen_router.collect import Answer, CollectConfig, calls_row, collect, rewards_row, tally
+from benchgen_router.collect.chat import RetryPolicy, retry_after_seconds
 from benchgen_router.collect.formats import CALL_FIELDS, dump_row, task_from_row
 from benchgen_router.collect.run import STOPPED_AT_COST_CAP, call_record
-from benchgen_router.collect.upstream import RetryPolicy, retry_after_seconds
 from benchgen_router.errors import InputError, Terminated, raise_terminated
 from benchgen_router.upstreams import Upstream
 from helpers import NO_PILOT, PILOT

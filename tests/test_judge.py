@@ -252,7 +252,7 @@ def test_a_task_whose_agent_has_no_rating_is_left_out_of_the_rewards_file(tmp_pa
 def test_resuming_asks_neither_the_agents_nor_the_judge_again(tmp_path, servers):
     """A run stopped by Ctrl-C while the judge is asked; the resumed run judges only the answers the
     journal has no verdict on and asks no agent twice; a third run asks nothing and writes the same files."""
-    from benchgen_router.collect import upstream as http
+    from benchgen_router.collect import chat as http
 
     agents, judge = servers
     cfg = settings(tmp_path, agents, judge, concurrency=1)

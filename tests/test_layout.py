@@ -20,6 +20,8 @@ MOVED = [
     ("benchgen_router.trainer.summary", "benchgen_router.training.summary", "run_summary"),
     ("benchgen_router.evaluator", "benchgen_router.evaluation.run", "evaluate"),
     ("benchgen_router.evaluator", "benchgen_router.evaluation.run", "EvaluateConfig"),
+    ("benchgen_router.collect.upstream", "benchgen_router.collect.chat", "ask"),
+    ("benchgen_router.collect.upstream", "benchgen_router.collect.chat", "RetryPolicy"),
 ]
 
 # What `benchgen_router.training` exported when it was the search module alone: still there, with no warning.

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.collect.upstream import Answer
+from benchgen_router.collect.chat import Answer
 from benchgen_router.errors import setting_error
 from benchgen_router.upstreams import Upstream, UpstreamPool, read_upstream_pool
 

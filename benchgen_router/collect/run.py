@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchgen_router.collect.chat import Answer, RetryPolicy
 from benchgen_router.collect.formats import (
     JUDGE_GRADER,
     Task,
@@ -27,7 +28,6 @@ from benchgen_router.collect.formats import (
 )
 from benchgen_router.collect.journal import Cell, Entry, Journal, JournalLock, JournalWriteFailed
 from benchgen_router.collect.judge import Judge, JudgeAsker, judge_answer, resolve_judge, reward
-from benchgen_router.collect.upstream import Answer, RetryPolicy
 from benchgen_router.errors import InputError, Terminated, raise_terminated, setting_error
 from benchgen_router.files import atomic_output, check_output_path
 from benchgen_router.graders import grade
@@ -429,7 +429,7 @@ async def _ask_all(
         if ask is None or (asking.judge is not None and judge_ask is None):
             import httpx
 
-            from benchgen_router.collect import upstream as http
+            from benchgen_router.collect import chat as http
 
             config = asking.config
             limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
