@@ -26,12 +26,12 @@ MODES = ("head-only", "bundled")
 _CHILD = """
 import json, sys
 import torch, transformers
-from transformers import AutoModel
+from benchgen_router.loading import load_router
 def status(key):
     line = next(l for l in open("/proc/self/status") if l.startswith(key + ":"))
     return int(line.split()[1])
 before = status("VmRSS")
-model = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)
+model, _ = load_router(sys.argv[1])  # the package's load, as every tool loads a router
 loaded = status("VmHWM")
 with torch.inference_mode():  # read every weight: memory-mapped pages become resident too
     model(input_ids=torch.tensor([[1, 2, 3]]))
