@@ -35,7 +35,7 @@ from benchgen_router.ood import check_fallback_agent, guard_statistics_file, loa
 from benchgen_router.report import GuardReport, TrainingReport
 
 logger = logging.getLogger("benchgen_router")
-# What a probability head's manifest adds (trainer/probability.py): the router's config holds them.
+# What a probability head's manifest adds (training/probability.py): the router's config holds them.
 PROBABILITY_KEYS = ("head_kind", "agent_costs_per_1k", "tradeoff_calibration")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -306,7 +306,7 @@ def probability_head(manifest: dict[str, Any], path: Path) -> dict[str, Any]:
     elif not (isinstance(costs, list) and len(costs) == len(agents) and all(_cost(c) for c in costs)):
         problem = f"agent_costs_per_1k must list {len(agents)} numbers >= 0 (USD per 1,000 queries per agent)"
     elif not (isinstance(calibration, dict) and set(calibration.get("margins", {})) == set(agents)):
-        problem = "tradeoff_calibration must hold each agent's margins (trainer/probability.py writes it)"
+        problem = "tradeoff_calibration must hold each agent's margins (training/probability.py writes it)"
     else:
         return settings
     raise InputError(f"manifest {path}: {problem}; pass the manifest the trainer wrote.")
