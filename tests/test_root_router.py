@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,13 +30,27 @@ from helpers import AGENTS, NO_PILOT, PILOT, PROJECT_ROOT
 PICKS_FILE = Path(__file__).resolve().parent / "data" / "default_router_picks.json"
 
 
-def route_pilot_prompts(form: str = "formatted") -> dict[str, str]:
-    """task_id -> the agent the committed router sends it to (the guard's fallback applied), for every
-    prompt of the pilot task pool in `form` (forms.FORMS)."""
+def route_pilot_prompts(form: str = "formatted", router: tuple | None = None) -> tuple[dict[str, str], Any]:
+    """(task_id -> the agent the committed router sends it to (the guard's fallback applied), the routed
+    output) for every prompt of the pilot task pool in `form` (forms.FORMS)."""
     tasks = read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")
-    model, tokenizer = load_router(None)
+    model, tokenizer = router or load_router(None)
     routed = route_queries(model, tokenizer, in_form([task["prompt"] for task in tasks], form), batch_size=32)
-    return {task["task_id"]: model.config.id2label[int(i)] for task, i in zip(tasks, routed.picks, strict=True)}
+    picks = {task["task_id"]: model.config.id2label[int(i)] for task, i in zip(tasks, routed.picks, strict=True)}
+    return picks, routed
+
+
+@pytest.fixture(scope="module")
+def committed_router() -> tuple:
+    return load_router(None)
+
+
+@pytest.fixture(scope="module")
+def pilot_routed(committed_router) -> dict[str, tuple[dict[str, str], Any]]:
+    """Every pilot prompt routed once in each form; the picks test and the guard test share it."""
+    if not (PILOT / "tasks.v1.jsonl").exists():
+        pytest.skip(NO_PILOT)
+    return {form: route_pilot_prompts(form, committed_router) for form in ("formatted", "plain")}
 
 
 def test_the_root_is_the_router_and_its_readme_is_the_card():
@@ -81,31 +96,30 @@ def test_pushing_the_root_uploads_the_model_files_not_the_tooling():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (PILOT / "tasks.v1.jsonl").exists(), reason=NO_PILOT)
-def test_default_router_picks_on_every_pilot_prompt_are_the_recorded_ones():
+def test_default_router_picks_on_every_pilot_prompt_are_the_recorded_ones(pilot_routed):
     recorded = json.loads(PICKS_FILE.read_text(encoding="utf-8"))
     assert len(recorded) == 1110 and set(recorded.values()) <= set(AGENTS)
-    picks = route_pilot_prompts()
+    picks, _ = pilot_routed["formatted"]
     changed = {task: (recorded.get(task), pick) for task, pick in picks.items() if recorded.get(task) != pick}
     assert not changed, f"{len(changed)} of {len(picks)} picks changed, e.g. {list(changed.items())[:3]}"
-    plain = route_pilot_prompts("plain")  # the same questions without their label and instruction
+    plain, _ = pilot_routed["plain"]  # the same questions without their label and instruction
     assert plain == picks
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (PILOT / "tasks.v1.jsonl").exists(), reason=NO_PILOT)
-def test_the_guard_keeps_what_users_type_and_flags_the_rest():
+def test_the_guard_keeps_what_users_type_and_flags_the_rest(committed_router, pilot_routed):
     """The committed router on sets it was never fitted on: plain in-domain questions kept >= 90%,
     pilot prompts kept >= 95% in either form, OOD queries flagged >= 90% (the groups with a target:
     all but the benchmark-style questions on general topics), and each point's fallback answers."""
     from benchgen_router import ood
 
-    model, tokenizer = load_router(None)
+    model, tokenizer = committed_router
     questions, _ = ood.read_ood_queries(ood.PACKAGED_PLAIN_QUERIES, "plain query set")
     assert len(questions) >= 150
     assert route_queries(model, tokenizer, questions).out_of_distribution.mean() <= 0.10
-    prompts = [task["prompt"] for task in read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")]
-    for form in ("formatted", "plain"):
-        assert route_queries(model, tokenizer, in_form(prompts, form)).out_of_distribution.mean() <= 0.05, form
+    for form, (_, routed) in pilot_routed.items():
+        assert routed.out_of_distribution.mean() <= 0.05, form
     queries, groups = ood.read_ood_queries()
     target = [group not in ("benchmark_style_templated", "benchmark_style_plain") for group in groups]
     outside = [query for query, keep in zip(queries, target, strict=True) if keep]
@@ -120,5 +134,5 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--record"]:
         sys.exit(f"usage: python {sys.argv[0]} --record   (rewrites {PICKS_FILE} from the committed router)")
     PICKS_FILE.parent.mkdir(parents=True, exist_ok=True)
-    PICKS_FILE.write_text(json.dumps(route_pilot_prompts(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    PICKS_FILE.write_text(json.dumps(route_pilot_prompts()[0], indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"wrote {PICKS_FILE}")
