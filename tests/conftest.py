@@ -14,7 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import build_backbone, build_tokenizer, convert_release, write_operating_release, write_release
+from helpers import (
+    NO_PILOT,
+    PILOT,
+    build_backbone,
+    build_tokenizer,
+    convert_release,
+    route_pilot_prompts,
+    write_operating_release,
+    write_release,
+)
 
 HF_HOME = pytest.StashKey[str]()  # the private Hub cache of this run, removed at its end
 
@@ -71,3 +80,21 @@ def operating_router(workdir, backbone_dir):
         workdir / "release-points", 32, OPERATING_POINTS, "balanced", seed=7, backbone=str(backbone_dir)
     )
     return convert_release(manifest, weights, workdir / "router-points", backbone_dir), thetas
+
+
+@pytest.fixture(scope="session")
+def committed_router() -> tuple:
+    """The committed default router (MiniLM) and its tokenizer, loaded once per run."""
+    from benchgen_router.loading import load_router
+
+    return load_router(None)
+
+
+@pytest.fixture(scope="session")
+def pilot_routed(committed_router) -> dict[str, tuple[dict[str, str], object]]:
+    """Every pilot prompt routed once per form by the committed router: {form: (picks by task_id, the
+    routed output)}; the recorded-picks, guard and OOD tests share it instead of embedding 2,220
+    prompts each."""
+    if not (PILOT / "tasks.v1.jsonl").exists():
+        pytest.skip(NO_PILOT)
+    return {form: route_pilot_prompts(form, committed_router) for form in ("formatted", "plain")}

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -322,3 +323,18 @@ def train_probability_router(folder: Path, backbone: Path | str, count: int = 12
     result = run_tool("train", *args)
     assert result.returncode == 0, result.stderr
     return folder / "router", prompts
+
+
+def route_pilot_prompts(form: str = "formatted", router: tuple | None = None) -> tuple[dict[str, str], Any]:
+    """(task_id -> the agent the committed router sends it to (the guard's fallback applied), the routed
+    output) for every prompt of the pilot task pool in `form` (forms.FORMS)."""
+    from benchgen_router.files import read_jsonl
+    from benchgen_router.forms import in_form
+    from benchgen_router.loading import load_router
+    from benchgen_router.routing import route_queries
+
+    tasks = read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")
+    model, tokenizer = router or load_router(None)
+    routed = route_queries(model, tokenizer, in_form([task["prompt"] for task in tasks], form), batch_size=32)
+    picks = {task["task_id"]: model.config.id2label[int(i)] for task, i in zip(tasks, routed.picks, strict=True)}
+    return picks, routed

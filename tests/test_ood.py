@@ -16,7 +16,6 @@ from test_ood_storage import non_positive_definite, write_safetensors
 from benchgen_router import ood, routing
 from benchgen_router.convert import convert_release as convert_release_api
 from benchgen_router.errors import InputError
-from benchgen_router.files import read_jsonl
 from benchgen_router.loading import load_router
 from benchgen_router.routing import run_router
 from helpers import (
@@ -241,15 +240,12 @@ def test_evaluate_reports_the_guard_on_the_ood_set(guarded, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def real():
+def real(committed_router, pilot_routed):
     """The default router's embeddings of every pilot prompt and of the packaged OOD queries."""
-    if not (PILOT / "tasks.v1.jsonl").exists():
-        pytest.skip(f"pilot data not found at {PILOT} (CI has it)")
     queries, groups = ood.read_ood_queries()
-    model, tokenizer = load_router(None)
-    prompts = [task["prompt"] for task in read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")]
+    model, tokenizer = committed_router
     return {
-        "pilot": run_router(model, tokenizer, prompts)[1],
+        "pilot": pilot_routed["formatted"][1].embeddings,
         "ood": run_router(model, tokenizer, queries)[1],
         "groups": groups,
     }

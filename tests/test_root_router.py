@@ -13,44 +13,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from benchgen_router.card import CARD_END
-from benchgen_router.files import read_jsonl
 from benchgen_router.folder import HUB_FILES
-from benchgen_router.forms import in_form
 from benchgen_router.loading import load_router
 from benchgen_router.model_code import default_router_dir
 from benchgen_router.report import REPORT_FILE, read_report
 from benchgen_router.routing import route_queries
-from helpers import AGENTS, NO_PILOT, PILOT, PROJECT_ROOT
+from helpers import AGENTS, NO_PILOT, PILOT, PROJECT_ROOT, route_pilot_prompts
 
 PICKS_FILE = Path(__file__).resolve().parent / "data" / "default_router_picks.json"
-
-
-def route_pilot_prompts(form: str = "formatted", router: tuple | None = None) -> tuple[dict[str, str], Any]:
-    """(task_id -> the agent the committed router sends it to (the guard's fallback applied), the routed
-    output) for every prompt of the pilot task pool in `form` (forms.FORMS)."""
-    tasks = read_jsonl(PILOT / "tasks.v1.jsonl", "tasks")
-    model, tokenizer = router or load_router(None)
-    routed = route_queries(model, tokenizer, in_form([task["prompt"] for task in tasks], form), batch_size=32)
-    picks = {task["task_id"]: model.config.id2label[int(i)] for task, i in zip(tasks, routed.picks, strict=True)}
-    return picks, routed
-
-
-@pytest.fixture(scope="module")
-def committed_router() -> tuple:
-    return load_router(None)
-
-
-@pytest.fixture(scope="module")
-def pilot_routed(committed_router) -> dict[str, tuple[dict[str, str], Any]]:
-    """Every pilot prompt routed once in each form; the picks test and the guard test share it."""
-    if not (PILOT / "tasks.v1.jsonl").exists():
-        pytest.skip(NO_PILOT)
-    return {form: route_pilot_prompts(form, committed_router) for form in ("formatted", "plain")}
 
 
 def test_the_root_is_the_router_and_its_readme_is_the_card():
