@@ -32,6 +32,7 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # imports, trains and evaluates through the command, each in a fresh process
 @needs_routellm
 def test_routellm_slice_imports_and_train_and_evaluate_read_it(tmp_path, backbone_dir):
     contaminated = {

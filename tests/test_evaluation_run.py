@@ -24,6 +24,7 @@ def test_every_flag_names_a_config_field_with_the_same_default():
             assert flags[item.name] == item.default, item.name
 
 
+@pytest.mark.slow  # the default router routes the prompts and its OOD set twice
 def test_evaluate_from_python_is_what_the_command_writes(tmp_path):
     rewards, tasks = synthetic_rows(12, seed=6)
     rewards_file, tasks_file = write_jsonl(tmp_path / "r.jsonl", rewards), write_jsonl(tmp_path / "t.jsonl", tasks)
