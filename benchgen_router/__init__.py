@@ -9,7 +9,7 @@ The names below load lazily, so `import benchgen_router` imports neither torch n
 
 from __future__ import annotations
 
-from typing import Any
+from benchgen_router.moved import lazy_names
 
 __version__ = "0.3.0"
 __all__ = ["EmptyQueryError", "InputError", "RouterError", "RouterTypeError", "load_router", "pick_agent", "run_router"]
@@ -25,9 +25,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'benchgen_router' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

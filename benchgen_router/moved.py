@@ -1,4 +1,5 @@
-"""Import paths that moved: the old path keeps working until the next minor version, with a warning.
+"""Import paths: names a package loads only when used (`lazy_names`), and paths that moved, which keep
+working until the next minor version, with a warning (`moved_to`).
 
 A module left at an old path is two lines:
 
@@ -28,3 +29,18 @@ def moved_to(old: str, new: str) -> Callable[[str], Any]:
         return getattr(importlib.import_module(new), name)
 
     return __getattr__
+
+
+def lazy_names(package: str, names: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's __getattr__ and __dir__ (PEP 562) that import `names[name]` (a module path) only when
+    `name` is first read, so importing the package imports none of them."""
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            return getattr(importlib.import_module(names[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(importlib.import_module(package))) | set(names))
+
+    return __getattr__, __dir__

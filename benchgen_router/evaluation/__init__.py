@@ -10,7 +10,7 @@ The names below load lazily, so the metrics (numpy only) import nothing else.
 
 from __future__ import annotations
 
-from typing import Any
+from benchgen_router.moved import lazy_names
 
 _METRICS = "benchgen_router.evaluation.metrics"
 _RUN = "benchgen_router.evaluation.run"
@@ -32,13 +32,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'benchgen_router.evaluation' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

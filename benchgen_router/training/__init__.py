@@ -18,7 +18,7 @@ The names below load lazily, so importing the search does not import the whole r
 
 from __future__ import annotations
 
-from typing import Any
+from benchgen_router.moved import lazy_names
 
 _SEARCH = "benchgen_router.training.search"
 _LAZY = {
@@ -48,13 +48,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'benchgen_router.training' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
