@@ -241,7 +241,7 @@ def train_probability(config: Any) -> Any:
     --calls/--pool, else one unit a call. No guard or operating points: the trade-off is chosen per request."""
     import time
 
-    from benchgen_router.convert import Release, write_release
+    from benchgen_router.convert import Release
     from benchgen_router.evaluation.metrics import evaluate_picks
     from benchgen_router.files import staging_dir, to_json
     from benchgen_router.folder import check_output_folder
@@ -250,7 +250,14 @@ def train_probability(config: Any) -> Any:
     from benchgen_router.model_code import DEFAULT_TRADEOFF, canonical_query
     from benchgen_router.report import TrainingReport
     from benchgen_router.training.config import check_config, rewards_source
-    from benchgen_router.training.run import RUN_FILES, TrainResult, backbone_embedder, model_id, read_training_data
+    from benchgen_router.training.run import (
+        RUN_FILES,
+        TrainResult,
+        backbone_embedder,
+        export_router,
+        model_id,
+        read_training_data,
+    )
 
     check_config(config)
     if config.export is not None:
@@ -325,14 +332,7 @@ def train_probability(config: Any) -> Any:
             query_format=rules or None,
             **settings,
         )
-        write_release(
-            release,
-            config.export,
-            backbone=config.backbone,
-            backbone_revision=config.backbone_revision,
-            backbone_id=config.backbone_id,
-            card_note=config.card_note,
-        )
+        export_router(config, release)
     return TrainResult(report=report, manifest=manifest, head=head)
 
 

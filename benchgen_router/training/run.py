@@ -99,26 +99,33 @@ def train(config: TrainConfig) -> TrainResult:
     )
     write_run(config.output_dir, manifest, results, default, trained_guard, frontier)
     if config.export is not None:
-        release = Release(
-            agents=data.agents,
-            embedding_dim=int(embeddings.shape[1]),
-            head_hidden_dim=config.head_hidden_dim,
-            head=results[default].theta,
-            report=report,
-            point_heads={name: result.theta for name, result in results.items()} if points else {},
-            guard=trained_guard.guard if trained_guard is not None else None,
-            truncation_length=embedded.truncation_length,
-            query_format=rules or None,
-        )
-        write_release(
-            release,
-            config.export,
-            backbone=config.backbone,
-            backbone_revision=config.backbone_revision,
-            backbone_id=config.backbone_id,
-            card_note=config.card_note,
+        export_router(
+            config,
+            Release(
+                agents=data.agents,
+                embedding_dim=int(embeddings.shape[1]),
+                head_hidden_dim=config.head_hidden_dim,
+                head=results[default].theta,
+                report=report,
+                point_heads={name: result.theta for name, result in results.items()} if points else {},
+                guard=trained_guard.guard if trained_guard is not None else None,
+                truncation_length=embedded.truncation_length,
+                query_format=rules or None,
+            ),
         )
     return TrainResult(report=report, manifest=manifest, head=results[default])
+
+
+def export_router(config: TrainConfig, release: Release) -> None:
+    """`train --export`: the trained head as a Hub router folder, on the run's backbone and card note."""
+    write_release(
+        release,
+        config.export,
+        backbone=config.backbone,
+        backbone_revision=config.backbone_revision,
+        backbone_id=config.backbone_id,
+        card_note=config.card_note,
+    )
 
 
 def read_training_data(config: TrainConfig) -> tuple[Any, list[dict[str, Any]], Any, str, Any]:
