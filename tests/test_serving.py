@@ -30,7 +30,7 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers import AGENTS, PILOT, PROJECT_ROOT, check_result, cli, make_queries, run_tool
+from helpers import AGENTS, PILOT, PROJECT_ROOT, check_result, cli, make_queries, run_tool, train_probability_router
 from http_client import raw_exchange, request
 from reference_impl import ReferenceRouter
 
@@ -520,6 +520,27 @@ def test_route_engine_ray_on_the_command_line_equals_the_local_engine(service, t
     assert cli("route", "--engine", "ray", "--input", source, "--output", out, "--actors", "1", "--quiet") == 1
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert same_records(got, want) and [r["line"] for r in got] == [1, 2, 3, 4, 5, 6]
+
+
+def test_route_engine_ray_at_a_tradeoff_equals_the_local_engine(service, tmp_path, backbone_dir, capsys):
+    """A probability head's rule reaches every Ray Data actor; a rule the router cannot take is refused
+    in one line before Ray routes anything."""
+    pytest.importorskip("pandas", reason="Ray Data needs pandas (pip install 'ray[data]')")
+    (tmp_path / "probability").mkdir()
+    router, prompts = train_probability_router(tmp_path / "probability", backbone_dir, count=60)
+    source = tmp_path / "q.txt"
+    source.write_text("\n".join(prompts[:12]) + "\n")
+    rule = "budget=0.3@frontier_a"
+    args = ["--model", router, "--input", source, "--quiet"]
+    assert cli("route", *args, "--tradeoff", rule, "--output", tmp_path / "local.jsonl") == 0
+    ray_args = ["--engine", "ray", "--actors", "1", *args]
+    assert cli("route", *ray_args, "--tradeoff", rule, "--output", tmp_path / "ray.jsonl") == 0
+    want = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
+    got = [json.loads(line) for line in (tmp_path / "ray.jsonl").read_text().splitlines()]
+    assert same_records(got, want) and {record["tradeoff"] for record in got} == {rule}
+    capsys.readouterr()
+    assert cli("route", *ray_args, "--tradeoff", "budget=2", "--output", tmp_path / "bad.jsonl") == 2
+    assert "budget=2" in capsys.readouterr().err and not (tmp_path / "bad.jsonl").exists()
 
 
 def test_the_ray_engine_routes_past_a_batch_with_nothing_routable(service, tmp_path):

@@ -112,8 +112,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("give a query to route, or --input FILE")
     if args.engine == "ray" and not (args.input and args.output):
         parser.error("--engine ray routes files: give --input and --output")
-    if args.engine == "ray" and (args.tradeoff or args.calibrate_on):
-        parser.error("--tradeoff and --calibrate-on route with --engine local")
+    if args.engine == "ray" and args.calibrate_on:
+        parser.error("--calibrate-on routes with --engine local (save the calibrated router, then route it with Ray)")
     if args.save_calibrated and not args.calibrate_on:
         parser.error("--save-calibrated needs --calibrate-on FILE")
 
@@ -310,6 +310,7 @@ def route_file_on_ray(args: argparse.Namespace) -> int:
         backbone=args.backbone,
         progress=not args.quiet,
         operating_point=args.operating_point,
+        tradeoff=args.tradeoff,
     )
     return EXIT_SKIPPED if result.skipped else EXIT_OK
 

@@ -5,6 +5,7 @@ writes, with the router run by a pool of Ray actors that each load it once (rout
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -51,7 +52,8 @@ class BulkResult:
 
 
 class BulkRouter:
-    """A Ray Data actor: loads the router once, then routes batches of rows at one operating point.
+    """A Ray Data actor: loads the router once, then routes batches of rows at one operating point (or,
+    for a probability head, under one trade-off rule).
 
     In: "text" (and "line", "id" passed through). Out: "result" (the result dict as JSON, empty
     when skipped) and "problem" (why the row was skipped, empty when routed)."""
@@ -64,18 +66,20 @@ class BulkRouter:
         threads: int,
         text_name: str,
         operating_point: str | None = None,
+        tradeoff: str | None = None,
     ) -> None:
         set_torch_threads(threads)
         self.router = Router.load(model, revision=revision, backbone=backbone)
         self.text_name = text_name
         self.operating_point = self.router.check_point(operating_point)  # checked once, here
+        self.tradeoff = self.router.check_tradeoff(tradeoff)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = list(batch.pop("text"))
         problems = [text_problem(text, self.text_name) for text in texts]
         readable = [i for i, problem in enumerate(problems) if problem is None]
         results = [""] * len(texts)
-        outcomes = self.router.route([texts[i] for i in readable], self.operating_point, checked=True)
+        outcomes = self.router.route([texts[i] for i in readable], self.operating_point, self.tradeoff, checked=True)
         for i, outcome in zip(readable, outcomes, strict=True):
             if outcome is None:
                 problems[i] = f"{self.text_name} {EMPTY_QUERY}"
@@ -147,18 +151,27 @@ def route_file_with_ray(
     backbone: str | None = None,
     progress: bool = False,
     operating_point: str | None = None,
+    tradeoff: str | None = None,
 ) -> BulkResult:
     """Write what `benchgen-router route --input FILE --output OUT` writes, the router run by Ray actors
-    that each load it once (inputs, order and skipped lines: docs/service.md)."""
+    that each load it once (inputs, order and skipped lines: docs/service.md); `tradeoff`: a probability
+    head's rule for every row (docs/tradeoff.md)."""
     for name, value in (("actors", actors), ("threads", threads), ("batch_size", batch_size)):
         check_positive(name, value)
     if not address and not ray.is_initialized():
         check_cpus("actors", actors * threads)
     check_router_point(model, revision, operating_point)
+    check_router_tradeoff(model, revision, tradeoff)
     source = str(input)
     started = time.perf_counter()
     parquet = bulk_format(source, fmt) == "parquet"
-    router = {"model": model, "revision": revision, "backbone": backbone, "operating_point": operating_point}
+    router = {
+        "model": model,
+        "revision": revision,
+        "backbone": backbone,
+        "operating_point": operating_point,
+        "tradeoff": tradeoff,
+    }
     settings = ActorSettings(actors, threads, batch_size)
     picks: Counter = Counter()
     with atomic_output(output, inputs=[input]) as handle:  # refuses a bad output path before any work
@@ -178,6 +191,24 @@ def route_file_with_ray(
     for line, reason in skipped:
         logger.warning("%s line %d: %s; skipped", source, line, reason)
     return BulkResult(routed=sum(picks.values()), skipped=skipped, picks=picks, seconds=time.perf_counter() - started)
+
+
+def check_router_tradeoff(model: str | None, revision: str | None, tradeoff: str | None) -> None:
+    """A trade-off rule checked against config.json before Ray starts, as check_router_point checks a
+    point; a config.json only the cluster's nodes can read is left to the actors, which check again."""
+    if tradeoff is None:
+        return
+    from benchgen_router.loading import declared_config
+    from benchgen_router.model_code import RouterConfig, default_router_dir
+
+    try:
+        declared = declared_config(str(default_router_dir() if model is None else model), revision)
+    except InputError:
+        return
+    try:
+        RouterConfig.from_dict(copy.deepcopy(declared)).tradeoff_rule(tradeoff)  # from_dict may consume it
+    except ValueError as err:
+        raise InputError(first_line(err)) from None
 
 
 @dataclass(frozen=True)
