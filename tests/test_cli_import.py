@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SHARED, cli, run_tool
+from helpers import SHARED, cli
 
 MMLU = SHARED / "routellm-evals" / "mmlu"
 SLICE = [MMLU / "responses" / "mmlu_machine_learning.csv", MMLU / "responses" / "mmlu_college_chemistry.csv"]
@@ -32,9 +32,9 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
 
-@pytest.mark.slow  # imports, trains and evaluates through the command, each in a fresh process
+@pytest.mark.slow  # imports, trains and evaluates a slice of RouteLLM's MMLU through the command
 @needs_routellm
-def test_routellm_slice_imports_and_train_and_evaluate_read_it(tmp_path, backbone_dir):
+def test_routellm_slice_imports_and_train_and_evaluate_read_it(tmp_path, backbone_dir, capsys):
     contaminated = {
         json.loads(line)["eval_prompt"] for line in (MMLU / "contaminated_prompts.jsonl").read_text().splitlines()
     }
@@ -44,32 +44,27 @@ def test_routellm_slice_imports_and_train_and_evaluate_read_it(tmp_path, backbon
             rows.extend(csv.DictReader(handle))
     dropped = sum(row["prompt"] in contaminated for row in rows)
     out = tmp_path / "mmlu"
-    result = run_tool(
-        "import", "--routellm", *SLICE, "--contaminated", MMLU / "contaminated_prompts.jsonl", "--output-dir", out
-    )
-    assert result.returncode == 0, result.stderr
-    assert f"import: {len(rows) - dropped} tasks x 2 agents from 2 files, 2 groups; {dropped} contaminated" in (
-        result.stdout
-    )
     assert (
-        "cost counts calls (not USD)" in result.stdout
-        and "mean cost 1 per call (counted in calls, not USD)" in result.stdout
+        cli("import", "--routellm", *SLICE, "--contaminated", MMLU / "contaminated_prompts.jsonl", "--output-dir", out)
+        == 0
     )
+    stdout = capsys.readouterr().out
+    assert f"import: {len(rows) - dropped} tasks x 2 agents from 2 files, 2 groups; {dropped} contaminated" in stdout
+    assert "cost counts calls (not USD)" in stdout and "mean cost 1 per call (counted in calls, not USD)" in stdout
     tasks = [json.loads(line) for line in (out / "tasks.jsonl").read_text().splitlines()]
     assert len(tasks) == len(rows) - dropped and not {task["prompt"] for task in tasks} & contaminated
 
     common = ["--rewards", out / "rewards.jsonl", "--tasks", out / "tasks.jsonl", "--no-progress"]
-    trained = run_tool(
+    trained = cli(
         "train", *common, "--calls", out / "calls.jsonl", "--backbone", backbone_dir, "--generations", "3",
         "--cv-folds", "0", "--output-dir", tmp_path / "run", "--export", tmp_path / "router",
         "--cache-dir", tmp_path / "cache",
     )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
+    assert trained == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["n_total"] == len(rows) - dropped
     assert manifest["agent_order"] == ["mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"]
-    evaluated = run_tool("evaluate", "--model", tmp_path / "router", *common)
-    assert evaluated.returncode == 0, evaluated.stderr
+    assert cli("evaluate", "--model", tmp_path / "router", *common) == 0, capsys.readouterr().err
 
 
 def test_long_file_with_a_pool_is_priced_per_token(tmp_path, capsys):
