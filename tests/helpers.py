@@ -289,9 +289,18 @@ def pilot_data(rewards_file: str):
 
 
 def train_probability_router(folder: Path, backbone: Path | str, count: int = 120, seed: int = 11) -> tuple[Path, list]:
-    """(exported router, its prompts): `train --head-kind probability` over AGENTS, where frontier_a
-    answers every query, open_cheap_reasoning only the short sums (every other query), the rest none;
-    each agent's calls cost its own price, so the trade-off rules pick differently."""
+    """(exported router, its prompts): probability_training's router."""
+    prompts, _ = probability_training(folder, backbone, count, seed)
+    return folder / "router", prompts
+
+
+def probability_training(
+    folder: Path, backbone: Path | str, count: int, seed: int
+) -> tuple[list[str], subprocess.CompletedProcess]:
+    """(prompts, the finished command): `train --head-kind probability` over AGENTS into folder/out and
+    folder/router, where frontier_a answers every query, open_cheap_reasoning only the short sums (every
+    other query, the only ones with " plus "), the rest none; each agent's calls cost its own price, so
+    the trade-off rules pick differently."""
     prices = {
         "frontier_a": 2e-3,
         "frontier_b": 3e-3,
@@ -322,7 +331,7 @@ def train_probability_router(folder: Path, backbone: Path | str, count: int = 12
     ]  # fmt: skip
     result = run_tool("train", *args)
     assert result.returncode == 0, result.stderr
-    return folder / "router", prompts
+    return prompts, result
 
 
 def route_pilot_prompts(form: str = "formatted", router: tuple | None = None) -> tuple[dict[str, str], Any]:

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 from test_probability import literal_lambda, literal_tolerance
 from transformers import AutoModel, AutoTokenizer, pipeline
 
-from helpers import AGENTS, call_record, calls_row, cli, make_queries, run_tool, write_jsonl
+from helpers import AGENTS, cli, make_queries, probability_training, run_tool
 
 PRICES = {"frontier_a": 2e-3, "frontier_b": 3e-3, "frontier_c": 1e-3, "open_mid": 1e-4, "open_cheap_reasoning": 2e-4}
 
@@ -36,27 +36,7 @@ def trained(tmp_path_factory, backbone_dir):
     """(run folder, exported router, prompts, train stdout): frontier_a right on every task,
     open_cheap_reasoning right on the easy ones only, the rest never."""
     folder = tmp_path_factory.mktemp("probability-run")
-    prompts = mixed_queries(160, seed=11)
-    rewards, tasks, calls = [], [], []
-    for i, prompt in enumerate(prompts):
-        split = "test" if i % 5 == 0 else "train"
-        correct = {
-            agent: agent == "frontier_a" or (agent == "open_cheap_reasoning" and easy(prompt)) for agent in AGENTS
-        }
-        records = [call_record(agent, correct[agent], PRICES[agent]) for agent in AGENTS]
-        calls.append(calls_row(f"t{i}", AGENTS, records))
-        rewards.append(
-            {"task_id": f"t{i}", "agent_order": AGENTS, "split": split, "mean_reward": calls[-1]["mean_reward"]}
-        )
-        tasks.append({"task_id": f"t{i}", "prompt": prompt, "split": split})
-    args = [
-        "--rewards", write_jsonl(folder / "r.jsonl", rewards), "--tasks", write_jsonl(folder / "t.jsonl", tasks),
-        "--calls", write_jsonl(folder / "calls.jsonl", calls), "--backbone", backbone_dir, "--head-kind", "probability",
-        "--no-ood-guard", "--no-progress", "--cache-dir", folder / "cache", "--output-dir", folder / "out",
-        "--export", folder / "router", "--query-format", "none",
-    ]  # fmt: skip
-    result = run_tool("train", *args)
-    assert result.returncode == 0, result.stderr
+    prompts, result = probability_training(folder, backbone_dir, count=160, seed=11)
     return folder / "out", folder / "router", prompts, result.stdout
 
 
