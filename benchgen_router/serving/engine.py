@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -120,8 +121,23 @@ def started_in(
                 os.environ[name] = value
 
 
+# Where a port that another process binds later is looked for: above Ray's worker ports (10002-19999),
+# below Ray Serve's replica ports (from 30000) and the kernel's ephemeral range (from 32768 on Linux),
+# so that nothing binding port 0 or connecting out is handed it between the probe and that bind.
+SPARE_PORTS = range(20000, 30000)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on at `host` now ("" for every interface)."""
+    """A TCP port nothing listens on at `host` now ("" for every interface), for another process (HAProxy,
+    Ray's metrics) to bind later: a random one of SPARE_PORTS that binds now, else one the kernel picks."""
+    for _ in range(64):
+        port = SPARE_PORTS[secrets.randbelow(len(SPARE_PORTS))]
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
