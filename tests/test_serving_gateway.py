@@ -496,7 +496,13 @@ def test_the_model_name_chooses_the_operating_point(service):
 def test_a_stream_is_relayed_chunk_by_chunk_with_the_headers_first(service, upstreams):
     pick = routed_picks(service.url, QUERIES[:1])[0]
     with client() as http:
-        body = {"model": "benchgen-router", "messages": user(QUERIES[0]), "stream": True, "max_tokens": 5}
+        body = {
+            "model": "benchgen-router",
+            "messages": user(QUERIES[0]),
+            "stream": True,
+            "max_tokens": 5,
+            "stream_options": {"include_usage": True},  # relayed as asked: OpenAI's way to get a stream's usage
+        }
         with http.stream("POST", f"{service.url}/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
@@ -509,7 +515,7 @@ def test_a_stream_is_relayed_chunk_by_chunk_with_the_headers_first(service, upst
     # writes is shown by the held stream of test_a_client_that_disconnects_mid_stream_cancels_the_upstream_call.
     assert len(chunks) > 1 and chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
     assert chunks[-1]["usage"]["completion_tokens"] == 5
-    streamed = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+    streamed = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks if chunk["choices"])
     assert streamed == chat(service.url, content=QUERIES[0], max_tokens=5).json()["choices"][0]["message"]["content"]
 
 

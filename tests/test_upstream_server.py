@@ -118,21 +118,22 @@ def test_model_may_be_left_out_but_not_misnamed(upstream):
 
 @pytest.mark.slow
 def test_streaming_sends_sse_chunks_that_add_up_to_the_answer(upstream):
-    with (
-        client() as http,
-        http.stream(
-            "POST", f"{upstream.base_url}/chat/completions", json=upstream.chat_body(PROMPT, stream=True, max_tokens=4)
-        ) as response,
-    ):
+    body = upstream.chat_body(PROMPT, stream=True, max_tokens=4, stream_options={"include_usage": True})
+    with client() as http, http.stream("POST", f"{upstream.base_url}/chat/completions", json=body) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         chunks, _done = parse_sse(response.iter_lines())  # transformers 5.24 sends no [DONE]; either is fine
-    assert all(chunk["object"] == "chat.completion.chunk" and len(chunk["choices"]) == 1 for chunk in chunks)
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
     assert len({chunk["id"] for chunk in chunks}) == 1
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
-    last = chunks[-1]
-    assert last["choices"][0]["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 4
-    streamed = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+    # The usage comes last: on the final content chunk (transformers 5.24, which always sends it) or
+    # on a chunk of its own with no choices (OpenAI's convention, and transformers from 5.25).
+    with_usage = [index for index, chunk in enumerate(chunks) if chunk.get("usage")]
+    assert with_usage == [len(chunks) - 1] and chunks[-1]["usage"]["completion_tokens"] == 4
+    content_chunks = [chunk for chunk in chunks if chunk["choices"]]
+    assert all(len(chunk["choices"]) == 1 for chunk in content_chunks)
+    assert content_chunks[-1]["choices"][0]["finish_reason"] == "length"
+    streamed = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in content_chunks)
     answer = chat(upstream, max_tokens=4).json()["choices"][0]["message"]["content"]
     assert streamed == answer
 

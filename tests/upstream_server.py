@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -223,8 +224,15 @@ class UpstreamServer:
         self.log_path = self.log_dir / f"serve-{self.port}.log"
         # A file, not a pipe: a pipe nobody reads fills up and blocks the server.
         with open(self.log_path, "ab") as log:
+            # Its own process group: serve starts helper processes (transformers >= 5.25 spawns a worker
+            # and multiprocessing's resource tracker), and stop() must end all of them.
             self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=server_env()
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=server_env(),
+                start_new_session=True,
             )
         self._started_at = time.monotonic()
         return self
@@ -258,15 +266,18 @@ class UpstreamServer:
             time.sleep(0.1)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone. Safe to call twice."""
+        """SIGTERM to the server's process group, then SIGKILL after `grace_s`; returns once every process
+        of the group is gone (reaped, not only exited). Safe to call twice."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if process is not None:
+            if process.poll() is None:
+                _signal_group(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    _signal_group(process.pid, signal.SIGKILL)
+                    process.wait()
+            _wait_group_gone(process.pid, grace_s)
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
@@ -294,6 +305,29 @@ class UpstreamServer:
 
     def __repr__(self) -> str:
         return f"UpstreamServer({self.base_url}, model={self.model!r}, running={self.running})"
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signum)
+
+
+def _wait_group_gone(pgid: int, grace_s: float) -> None:
+    """Wait until no process is left in the group; helpers the leader left behind are killed after
+    `grace_s`. Exited helpers stay members until init reaps them, so this also waits out the reaping."""
+    killed_at = time.monotonic() + grace_s
+    give_up_at = killed_at + grace_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        now = time.monotonic()
+        if now > give_up_at:
+            raise RuntimeError(f"processes of group {pgid} outlived SIGKILL by {grace_s:.0f} s (unreaped?)")
+        if now > killed_at:
+            _signal_group(pgid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 def _health_ok(url: str) -> bool:

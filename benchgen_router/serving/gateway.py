@@ -452,7 +452,7 @@ def failure_reason(err: httpx.HTTPError, timeout_s: float) -> tuple[str, str]:
 
 class StreamUsage:
     """The last `usage` a stream's data events carried, read as the bytes pass through. OpenAI sends it
-    in a final chunk when asked (stream_options.include_usage); transformers serve always does."""
+    in a final chunk when asked (stream_options.include_usage), as transformers serve does from 5.25."""
 
     def __init__(self) -> None:
         self.pending = b""
