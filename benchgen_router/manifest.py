@@ -2,7 +2,7 @@
 converter reads (docs/reference.md, "manifest.json").
 
 Readers depend only on READER_KEYS; everything else is provenance, which the converter keeps as
-the router's training report (report.py).
+the router's training report (release/report.py).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ keeps after it; each figure once, and nothing claimed that was not measured."""
 
 from __future__ import annotations
 
-from benchgen_router.card import CARD_END, merge_card, render_card
-from benchgen_router.report import GuardReport, PointFigures, PointReport, TrainingReport
+from benchgen_router.release.card import CARD_END, merge_card, render_card
+from benchgen_router.release.report import GuardReport, PointFigures, PointReport, TrainingReport
 from configuration_router import RouterConfig
 from helpers import AGENTS
 

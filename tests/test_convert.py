@@ -13,8 +13,8 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoConfig, pipeline
 
-from benchgen_router.convert import convert_release as convert_release_api
 from benchgen_router.errors import InputError
+from benchgen_router.release.convert import convert_release as convert_release_api
 from helpers import (
     AGENTS,
     build_backbone,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchgen_router.errors import InputError
-from benchgen_router.folder import check_output_folder, is_router_folder
+from benchgen_router.release.folder import check_output_folder, is_router_folder
 
 
 def test_folders_that_hold_something_else_are_refused(tmp_path):

@@ -22,6 +22,10 @@ MOVED = [
     ("benchgen_router.evaluator", "benchgen_router.evaluation.run", "EvaluateConfig"),
     ("benchgen_router.collect.upstream", "benchgen_router.collect.chat", "ask"),
     ("benchgen_router.collect.upstream", "benchgen_router.collect.chat", "RetryPolicy"),
+    ("benchgen_router.convert", "benchgen_router.release.convert", "convert_release"),
+    ("benchgen_router.folder", "benchgen_router.release.folder", "write_router_folder"),
+    ("benchgen_router.card", "benchgen_router.release.card", "render_card"),
+    ("benchgen_router.report", "benchgen_router.release.report", "TrainingReport"),
 ]
 
 # What `benchgen_router.training` exported when it was the search module alone: still there, with no warning.
@@ -86,3 +90,26 @@ def test_evaluation_still_exports_the_metrics_without_a_warning(name: str) -> No
         metrics = importlib.import_module("benchgen_router.evaluation.metrics")
         assert getattr(evaluation, name) is getattr(metrics, name)
         assert name in evaluation.__all__
+
+
+def test_the_package_itself_imports_no_moved_path() -> None:
+    """Every module of the package imports without a warning from a moved path: moved paths are for
+    users' code, never the package's own."""
+    import pkgutil
+
+    import benchgen_router
+
+    old_paths = {old for old, _, _ in MOVED}
+    modules = [
+        info.name
+        for info in pkgutil.walk_packages(benchgen_router.__path__, "benchgen_router.")
+        if info.name not in old_paths and not info.name.endswith("__main__")
+    ]
+    assert "benchgen_router.release.convert" in modules and len(modules) > 50
+    for name in old_paths:
+        sys.modules.pop(name, None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=r"benchgen_router\..* moved to ", category=DeprecationWarning)
+        for name in modules:
+            importlib.import_module(name)
+    assert not old_paths & set(sys.modules), sorted(old_paths & set(sys.modules))

@@ -14,9 +14,9 @@ import torch
 from test_ood_storage import non_positive_definite, write_safetensors
 
 from benchgen_router import ood, routing
-from benchgen_router.convert import convert_release as convert_release_api
 from benchgen_router.errors import InputError
 from benchgen_router.loading import load_router
+from benchgen_router.release.convert import convert_release as convert_release_api
 from benchgen_router.routing import run_router
 from helpers import (
     AGENTS,

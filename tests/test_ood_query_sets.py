@@ -8,7 +8,7 @@ import benchgen_router
 from benchgen_router import ood
 from benchgen_router.files import read_jsonl
 
-OOD_QUERIES = Path(benchgen_router.__file__).resolve().parent / "data" / "ood_queries.jsonl"
+OOD_QUERIES = Path(benchgen_router.__file__).resolve().parent / "ood" / "queries" / "ood_queries.jsonl"
 PLAIN_GROUPS = ood.PLAIN_OOD_GROUPS
 # Near the pilot's domains: writing, code and chit-chat on its subjects, its questions in other languages.
 NEAR_GROUPS = ("writing_near_domain", "code_near_domain", "chit_chat_near_domain", "foreign_plain", "foreign_wrapped")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from benchgen_router.errors import InputError
-from benchgen_router.report import REPORT_FILE, PointReport, TrainingReport, read_report
+from benchgen_router.release.report import REPORT_FILE, PointReport, TrainingReport, read_report
 
 POINT = {
     "cost_weight": 0.2,

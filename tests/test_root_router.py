@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from benchgen_router.card import CARD_END
-from benchgen_router.folder import HUB_FILES
 from benchgen_router.loading import load_router
 from benchgen_router.model_code import default_router_dir
-from benchgen_router.report import REPORT_FILE, read_report
+from benchgen_router.release.card import CARD_END
+from benchgen_router.release.folder import HUB_FILES
+from benchgen_router.release.report import REPORT_FILE, read_report
 from benchgen_router.routing import route_queries
 from helpers import AGENTS, NO_PILOT, PILOT, PROJECT_ROOT, route_pilot_prompts
 

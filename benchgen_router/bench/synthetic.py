@@ -148,7 +148,7 @@ def convert_router(
 ) -> Path:
     """A router folder `workdir/name` made by the package's own converter, so the benchmark loads
     what users load (head-only, or bundled with the backbone)."""
-    from benchgen_router.convert import convert_release
+    from benchgen_router.release.convert import convert_release
 
     release = workdir / f"{name}-release"
     release.mkdir()

@@ -62,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from benchgen_router.convert import convert_release
-    from benchgen_router.folder import push_folder
+    from benchgen_router.release.convert import convert_release
+    from benchgen_router.release.folder import push_folder
 
     card_note = read_card_note(args.card_note)
     folder = convert_release(

@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ood-queries",
         type=Path,
         help="out-of-distribution queries (JSONL: query, group) to measure a guarded router on "
-        "(default: the packaged benchgen_router/data/ood_queries.jsonl)",
+        "(default: the packaged benchgen_router/ood/queries/ood_queries.jsonl)",
     )
     parser.add_argument(
         "--operating-point",

@@ -219,7 +219,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.calibrate_on:
         recalibrate(router, tokenizer, read_sample(args.calibrate_on), args.batch_size, progress=not args.quiet)
         if args.save_calibrated:
-            from benchgen_router.folder import save_recalibrated
+            from benchgen_router.release.folder import save_recalibrated
 
             save_recalibrated(router, tokenizer, args.model, args.save_calibrated)
     tradeoff_of(router, args.tradeoff)

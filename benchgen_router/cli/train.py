@@ -237,19 +237,20 @@ def add_guard_arguments(guard: argparse._ArgumentGroup) -> None:
         "--ood-inside",
         type=Path,
         help="discriminative: in-domain questions as users type them (JSONL: query, group), fitted and "
-        "calibrated on with the task prompts (default: the packaged set, benchgen_router/data/guard_fit_inside.jsonl)",
+        "calibrated on with the task prompts "
+        "(default: the packaged set, benchgen_router/ood/queries/guard_fit_inside.jsonl)",
     )
     guard.add_argument(
         "--ood-outside",
         type=Path,
         help="discriminative: queries the guard must flag (JSONL: query, group) "
-        "(default: the packaged set, benchgen_router/data/guard_fit_outside.jsonl)",
+        "(default: the packaged set, benchgen_router/ood/queries/guard_fit_outside.jsonl)",
     )
     guard.add_argument(
         "--ood-queries",
         type=Path,
         help="out-of-distribution queries (JSONL: query, group) to measure the guard on "
-        "(default: the packaged set, benchgen_router/data/ood_queries.jsonl)",
+        "(default: the packaged set, benchgen_router/ood/queries/ood_queries.jsonl)",
     )
 
 

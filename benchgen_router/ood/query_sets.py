@@ -1,7 +1,7 @@
 """The packaged query sets: what the guard is fitted on and what it is measured on.
 
 The measuring sets are never fitted on, so the figures measured on them are out of sample. Each is
-JSONL, one {"query", "group"} object a line, in benchgen_router/data/.
+JSONL, one {"query", "group"} object a line, in benchgen_router/ood/queries/.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchgen_router.errors import InputError
 
-_DATA = Path(__file__).resolve().parent.parent / "data"  # benchgen_router/data
+_DATA = Path(__file__).resolve().parent / "queries"  # benchgen_router/ood/queries
 PACKAGED_OOD_QUERIES = _DATA / "ood_queries.jsonl"  # measuring only: never fitted on
 # Groups of the packaged OOD set: plainly not benchmark items (the guard must flag them), and
 # phrased like benchmark items (reported, with no target).

@@ -241,14 +241,14 @@ def train_probability(config: Any) -> Any:
     --calls/--pool, else one unit a call. No guard or operating points: the trade-off is chosen per request."""
     import time
 
-    from benchgen_router.convert import Release
     from benchgen_router.evaluation.metrics import evaluate_picks
     from benchgen_router.files import staging_dir, to_json
-    from benchgen_router.folder import check_output_folder
     from benchgen_router.forms import QUERY_FORMATS
     from benchgen_router.manifest import make_manifest
     from benchgen_router.model_code import DEFAULT_TRADEOFF, canonical_query
-    from benchgen_router.report import TrainingReport
+    from benchgen_router.release.convert import Release
+    from benchgen_router.release.folder import check_output_folder
+    from benchgen_router.release.report import TrainingReport
     from benchgen_router.training.config import check_config, rewards_source
     from benchgen_router.training.run import (
         RUN_FILES,

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from benchgen_router import ood as ood_defaults
-from benchgen_router.convert import Release, write_release
 from benchgen_router.errors import setting_error
 from benchgen_router.head import OPERATING_HEADS_FILE
 from benchgen_router.manifest import make_manifest
-from benchgen_router.report import CrossValidation, GuardReport, PointFigures, PointReport, TrainingReport
+from benchgen_router.release.convert import Release, write_release
+from benchgen_router.release.report import CrossValidation, GuardReport, PointFigures, PointReport, TrainingReport
 from benchgen_router.training.config import (
     DEFAULT_REWARD_COLUMN,
     TrainConfig,
@@ -47,8 +47,8 @@ def train(config: TrainConfig) -> TrainResult:
         from benchgen_router.training.probability import train_probability
 
         return train_probability(config)
-    from benchgen_router.folder import check_output_folder
     from benchgen_router.frontier import check_search_options
+    from benchgen_router.release.folder import check_output_folder
 
     check_config(config)  # before any work
     check_search_options(search_options(config))

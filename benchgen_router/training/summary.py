@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchgen_router.ood import group_lines
-from benchgen_router.report import TrainingReport
+from benchgen_router.release.report import TrainingReport
 from benchgen_router.training.run import TrainResult
 
 

@@ -1,0 +1,225 @@
+"""The model card (a router folder's README.md), rendered from its config and its typed training report.
+
+Each figure appears once; the full tables stay in training_report.json beside the card.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+from benchgen_router.frontier.cv import FrontierResult
+from benchgen_router.frontier.pareto import headline, headline_text
+from benchgen_router.head import head_param_count
+from benchgen_router.release.report import GuardReport, PointFigures, TrainingReport
+
+CARD_TEMPLATE = Path(__file__).resolve().parent / "model_card.md"
+CARD_END = "<!-- end of router card -->"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+QUERY_LINE = (
+    "Before embedding, a query loses the benchmark wrapper the head was trained with (the labels and\n"
+    "answer-format instructions in config.json's `query_format`; `config.canonical_query` applies them and the\n"
+    "pipeline does so itself), so a plain question and its formatted prompt get one decision.\n"
+)
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def _percent(value: float, of: float) -> str:
+    return f"{100 * value / of:.0f}%" if of else "n/a"
+
+
+def _figures_row(label: str, point: Any, plain: PointFigures | None, reference: Any, agents: list[str]) -> str:
+    """One table row of cross-validated figures; `point` is a PointFigures or a frontier CVPoint."""
+    picks = "/".join(f"{100 * point.share.get(agent, 0.0):.0f}" for agent in agents)
+    return (
+        f"| {label} | {point.reward:.4f} ± {point.reward_std_repeats:.4f} | "
+        f"{point.delta_reward:+.4f} ± {point.delta_se:.4f} | {_number(plain.reward if plain else None)} | "
+        f"{point.cost_per_1k:.4f} ({_percent(point.cost_per_1k, reference.cost_per_1k)}) | "
+        f"{point.latency_s:.2f} ({_percent(point.latency_s, reference.latency_s)}) | {picks} |"
+    )
+
+
+def _points_rows(config: Any, report: TrainingReport, frontier: FrontierResult) -> list[str]:
+    reference = frontier.point(frontier.reference)
+    rows = []
+    if report.operating_points:
+        ordered = sorted(
+            report.operating_points.items(), key=lambda item: (item[1].cost_weight, item[1].latency_weight)
+        )
+        for name, point in ordered:
+            default = " (default)" if name == config.operating_point else ""
+            label = f"`{name}`{default}: cost {point.cost_weight:g}, latency {point.latency_weight:g}"
+            if point.cv is None:
+                rows.append(f"| {label} | n/a | n/a | n/a | n/a | n/a | |")  # measured nothing: claims nothing
+            else:
+                rows.append(_figures_row(label, point.cv, point.cv_plain, reference, config.agent_order))
+    else:
+        for point in frontier.of_kind("router"):
+            plain = next((p for p in frontier.of_kind("router_form") if p.name == f"{point.name} [plain]"), None)
+            rows.append(_figures_row(f"router ({point.name})", point, plain, reference, config.agent_order))
+    return rows + [_figures_row(p.name, p, None, reference, config.agent_order) for p in frontier.of_kind("fixed")]
+
+
+def figures_section(config: Any, report: TrainingReport) -> str:
+    """What the run measured: the held-out split in one line, then the cross-validated table."""
+    heading = ["", "## Figures", ""]
+    lines = list(heading)
+    if report.test_reward is not None:
+        baselines = report.baselines or {}
+        lines += [
+            f"Trained on {report.n_train} of {report.n_total} labelled tasks (`{report.rewards_dataset}`). On the "
+            f"{report.n_test} held-out tasks: reward {_number(report.test_reward)}, best fixed agent "
+            f"{_number(baselines.get('best_fixed_agent'))}, oracle {_number(baselines.get('oracle'))}.",
+            "",
+        ]
+    frontier = report.frontier
+    if frontier is None:
+        cv = report.cross_validation
+        if cv:
+            lines += [
+                f"{cv.folds}-fold CV reward: router {cv.router_mean:.4f} ± {cv.router_std:.4f}, best fixed "
+                f"agent {_number(cv.best_fixed_mean)}.",
+                "",
+            ]
+        return "" if lines == heading else "\n".join(lines)  # nothing measured, nothing claimed
+    lines += [
+        f"{frontier.repeats}x repeated {frontier.folds}-fold cross-validation over the {frontier.rows} tasks, every "
+        "head retrained on each training fold. Reward ± its std over repeats; Δ ± se: the paired difference to "
+        f'`{frontier.reference}` (the best fixed agent) and its standard error, against which "equal quality" is '
+        "judged; *plain*: the same heads on the tasks as users type them; USD per 1,000 queries and seconds per "
+        f"query (share of the reference's); picks in % ({'/'.join(config.agent_order)}).",
+        "",
+        "| policy | reward ± rep | Δ ± se | plain | USD / 1k | latency s | picks % |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        *_points_rows(config, report, frontier),
+        "",
+    ]
+    names = {f"router lc{p.cost_weight:g}_ll{p.latency_weight:g}": n for n, p in report.operating_points.items()}
+    lines += [f"In short: {headline_text(headline(frontier), names, figures=False)}.", ""]
+    if report.target_mode is not None:
+        nested = report.target_mode["nested_cv"]["point"]
+        lines += [
+            f"The default was chosen by target mode (eps {report.target_mode['eps']}): {report.target_mode['rule']}. "
+            f"In nested CV that rule reaches {nested['reward']:.4f} ± {nested['reward_std_repeats']:.4f} at "
+            f"{nested['cost_per_1k']:.4f} USD per 1,000 queries.",
+            "",
+        ]
+    if report.operating_points:
+        default = config.operating_point
+        lines += [
+            f'Each point is its own head; `{default}` answers when none is named: `model(**batch, operating_point="'
+            f'{default}")`, `pipeline(..., model_kwargs={{"operating_point": "{default}"}})`, `benchgen-router route '
+            f"--operating-point {default}`.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _guard_method(config: Any) -> str:
+    if config.ood_discriminative:
+        return (
+            "a logistic score of the unit-length embedding and its Mahalanobis distance to in-distribution "
+            "texts, fitted on the task prompts, shorter views of them and typed in-domain questions against "
+            "outside queries"
+        )
+    return "the squared Mahalanobis distance of the unit-length embedding to the in-distribution prompts"
+
+
+def guard_section(config: Any, guard: GuardReport | None) -> str:
+    """The out-of-distribution guard: how it decides, who answers flagged queries, what it measured."""
+    if config.ood_threshold is None:
+        return ""
+    fallbacks = {name: config.fallback_agent(name) for name in config.operating_points}
+    by_point = "".join(f"; at `{name}`, `{agent}`" for name, agent in fallbacks.items())
+    rule = f" ({guard.fallback_rule})" if guard and guard.fallback_rule else ""
+    lines = [
+        "## Out-of-distribution guard",
+        "",
+        "Queries unlike the prompts the head was trained for (another language, another domain) get a close to",
+        f"arbitrary pick from the head, so the router flags them: its score is {_guard_method(config)}, and a",
+        f"score above {config.ood_threshold:.4f} is flagged. Flagged queries go to `{config.ood_fallback_agent}`"
+        f"{rule}{by_point}.",
+        "",
+    ]
+    figures = []
+    if guard is not None:
+        evaluation = guard.evaluation or {}
+        figures = [
+            ("calibration prompts kept", guard.calibration_kept_share),
+            ("held-out typed in-domain questions kept", guard.plain_calibration_kept_share),
+            ("plain in-domain questions kept (never fitted)", guard.plain_questions_kept_share),
+            ("labelled tasks flagged, as formatted", guard.labelled_formatted_flagged_share),
+            ("labelled tasks flagged, as plain questions", guard.labelled_plain_flagged_share),
+            (f"AUROC, in-distribution vs {evaluation.get('ood_queries', 'the')} OOD queries", evaluation.get("auroc")),
+        ]
+        figures = [(label, value) for label, value in figures if value is not None]
+    if figures:
+        lines += ["| | |", "| --- | ---: |", *(f"| {label} | {value:.4f} |" for label, value in figures), ""]
+    lines += [
+        "`model(**inputs)` returns `ood_scores`, `out_of_distribution` and `picks` (the decision, fallback applied);",
+        "every entry point returns that decision. `from_pretrained(..., ood_guard=False)` switches the guard off.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_card(
+    config: Any,
+    report: TrainingReport,
+    backbone: str,
+    revision: str | None,
+    note: str | None = None,
+    repo: str = "<this repo>",
+) -> str:
+    """README.md of a router folder: Hub metadata (YAML front matter) and what a user needs to know."""
+    agents = config.agent_order
+    n_params = head_param_count(config.embedding_dim, len(agents), config.head_hidden_dim)
+    if config.head_hidden_dim == 0:
+        head_kind = "linear (logits = embedding @ W + b)"
+    else:
+        head_kind = f"an MLP (a tanh hidden layer of {config.head_hidden_dim})"
+    if config.operating_points:
+        head_kind += ", one per operating point"
+    at_revision = f" at revision `{revision}`" if revision else ""
+    points = len(config.operating_points)
+    if config.bundled_backbone:
+        weights_line = "`model.safetensors` holds the backbone and the head: the folder loads with no other repository."
+    else:
+        held = f"the {points} heads, one per operating point ({points} x {n_params:,} values)" if points else None
+        weights_line = (
+            f"`model.safetensors` holds only {held or f'the head ({n_params:,} values)'}; the backbone's weights "
+            f"load from `{backbone}`{at_revision} through the normal Hub cache."
+        )
+    values = {
+        # JSON strings are valid YAML scalars, so any id is quoted safely; a path is not a Hub model.
+        "base_model_line": f"base_model: {json.dumps(backbone)}" if _HUB_ID.match(backbone) else "",
+        "title": " ".join((report.model_id or "BenchGen Router Lite").split()),  # one line, whatever it holds
+        "backbone": backbone,
+        "embedding_dim": config.embedding_dim,
+        "n_agents": len(agents),
+        "head_kind": head_kind,
+        "n_params": f"{n_params:,}",
+        "weights_line": weights_line,
+        "pool": ", ".join(f"{i} `{agent}`" for i, agent in enumerate(agents)),
+        "repo": repo,
+        "truncation_length": config.truncation_length,
+        "query_line": QUERY_LINE if config.query_format else "",
+        "card_note": f"\n{note.strip()}\n" if note and note.strip() else "",
+        "figures_section": figures_section(config, report),
+        "guard_section": ("\n" if config.ood_threshold is not None else "") + guard_section(config, report.ood_guard),
+    }
+    card = string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(values)
+    return re.sub(r"\n\n+(?=license:)", "\n", card)  # no blank line where base_model was left out
+
+
+def merge_card(card: str, existing: str | None) -> str:
+    """The new card, followed by whatever the folder's README kept after the previous card's end
+    marker (the repository root's README carries the project's documentation there)."""
+    if existing and CARD_END in existing:
+        return card.rstrip("\n") + existing.split(CARD_END, 1)[1]
+    return card
