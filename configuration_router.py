@@ -8,20 +8,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
 DEFAULT_TRUNCATION_LENGTH = 1024  # the reference embeds with truncation=True, max_length=1024
-# Operating point names are module names in the state dict (head.<name>.weight): no dots, not numeric.
-OPERATING_POINT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-# "cmaes": the head's argmax is the pick (the release's method). "probability": the head's sigmoid is each
-# agent's probability of answering correctly, and a trade-off rule given per request picks (docs/tradeoff.md).
-HEAD_KINDS = ("cmaes", "probability")
 DEFAULT_TRADEOFF = "tolerance=0"  # a probability head with no trade-off given: the most likely agent
 TRADEOFF_FORMS = "tolerance=T (0-1), lambda=L (>= 0), budget=X (0-1) or budget=X@AGENT, usd-per-1k=Y (>= 0)"
-QUANTILE_LEVELS = [i / 100 for i in range(101)]  # levels of the calibration sample's margin quantiles
 AUTO_MAP = {
     "AutoConfig": "configuration_router.RouterConfig",
     "AutoModel": "modeling_router.RouterModel",
@@ -59,7 +52,7 @@ class RouterConfig(PretrainedConfig):
         head_kind: "cmaes" (the pick is the argmax) or "probability" (each agent's sigmoid is its probability of
             answering correctly, and a trade-off rule picks: docs/tradeoff.md), with `agent_costs_per_1k` (USD
             per 1,000 queries, `id2label` order) and `tradeoff_calibration` (margin quantiles at
-            `QUANTILE_LEVELS` and the `lambda` rule's cost over a grid, for the budget rules).
+            evenly spaced levels from 0 to 1, and the `lambda` rule's cost over a grid, for the budget rules).
         id2label / label2id: the agent pool in logit order.
     """
 
@@ -95,15 +88,6 @@ class RouterConfig(PretrainedConfig):
             if "model_type" not in text_config:
                 raise ValueError("text_config needs a 'model_type' (for example 'qwen3').")
             text_config = AutoConfig.for_model(text_config.pop("model_type"), **text_config)
-        if head_hidden_dim < 0:
-            raise ValueError(f"head_hidden_dim must be >= 0 (0 means a linear head), got {head_hidden_dim}.")
-        if truncation_length < 1:
-            raise ValueError(f"truncation_length must be a positive number of tokens, got {truncation_length}.")
-        if not 0 <= truncation_suffix_tokens <= special_tokens_per_query:
-            raise ValueError(
-                f"truncation_suffix_tokens ({truncation_suffix_tokens}) must lie between 0 and "
-                f"special_tokens_per_query ({special_tokens_per_query}): the suffix is part of the special tokens."
-            )
         self.text_config = text_config
         self.backbone_name_or_path = backbone_name_or_path
         self.backbone_revision = backbone_revision
@@ -113,39 +97,20 @@ class RouterConfig(PretrainedConfig):
         self.special_tokens_per_query = special_tokens_per_query
         self.truncation_suffix_tokens = truncation_suffix_tokens
         self.pack_queries = pack_queries
-        if ood_threshold is not None and not math.isfinite(float(ood_threshold)):
-            raise ValueError(f"ood_threshold must be a finite number (or None for no guard), got {ood_threshold}.")
         self.ood_threshold = None if ood_threshold is None else float(ood_threshold)
         self.ood_fallback_agent = ood_fallback_agent
         self.ood_guard = bool(ood_guard)
         self.ood_score = ood_score
         self.ood_discriminative = bool(ood_discriminative)
-        self.operating_points = check_operating_points(operating_points)
-        if operating_point is None and self.operating_points:
-            operating_point = min(self.operating_points)
-        self.operating_point = operating_point
-        self.check_operating_point(operating_point)
-        self.query_format = check_query_format(query_format)
-        if head_kind not in HEAD_KINDS:
-            raise ValueError(f"head_kind must be one of {', '.join(HEAD_KINDS)}, got {head_kind!r}.")
-        if head_kind == "probability" and (operating_points or head_hidden_dim):
-            raise ValueError("a probability head is one linear layer: it takes no operating_points or head_hidden_dim.")
+        self.operating_points = dict(operating_points or {})
+        self.operating_point = operating_point or min(self.operating_points, default=None)
+        self.query_format = dict(query_format or {})
         self.head_kind = head_kind
         self.agent_costs_per_1k = None if agent_costs_per_1k is None else [float(c) for c in agent_costs_per_1k]
         self.tradeoff_calibration = tradeoff_calibration
         kwargs.setdefault("auto_map", dict(AUTO_MAP))  # the files and classes transformers loads the router with
         kwargs.setdefault("custom_pipelines", {"text-classification": dict(PIPELINE)})
         super().__init__(**kwargs)
-        pool = list((self.id2label or {}).values())
-        if self.ood_threshold is not None and ood_fallback_agent not in pool:
-            raise ValueError(
-                f"ood_fallback_agent {ood_fallback_agent!r} is not an agent of this pool {pool}; "
-                "name the agent that answers flagged queries."
-            )
-        for name, settings in self.operating_points.items():
-            agent = settings.get("ood_fallback_agent")
-            if agent is not None and agent not in pool:
-                raise ValueError(f"operating point {name!r}: ood_fallback_agent {agent!r} is not an agent of {pool}.")
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Paths are stored as strings: the config is saved, and its repr built, as JSON. from_pretrained
@@ -214,24 +179,6 @@ class RouterConfig(PretrainedConfig):
         return self.text_config.hidden_size
 
 
-def check_operating_points(points: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """The operating points as given, after checking their names and trade-off weights (ValueError)."""
-    if not points:
-        return {}
-    if not isinstance(points, dict):
-        raise ValueError(f"operating_points must be a dict of name -> settings, got {type(points).__name__}.")
-    for name, settings in points.items():
-        if not isinstance(name, str) or not OPERATING_POINT_NAME.match(name):
-            raise ValueError(
-                f"operating point name {name!r} must start with a letter and hold only letters, digits, '_' or '-'."
-            )
-        for key in ("cost_weight", "latency_weight"):
-            value = settings.get(key) if isinstance(settings, dict) else None
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"operating point {name!r} needs a number {key} >= 0, got {value!r}.")
-    return dict(points)
-
-
 def parse_tradeoff(text: str, agents: list[str], costs_per_1k: list[float]) -> tuple[str, float, int]:
     """(form, value, agent index) of a trade-off spelled `tolerance=T`, `lambda=L`, `budget=X`,
     `budget=X@AGENT` or `usd-per-1k=Y`; a budget's agent defaults to the most expensive (the first of
@@ -288,15 +235,3 @@ def canonical_query(text: str, rules: dict[str, list[str]] | None) -> str:
             kept = kept[len(label) :].lstrip()
             break
     return kept or text
-
-
-def check_query_format(rules: dict[str, Any] | None) -> dict[str, list[str]]:
-    """The canonicalisation rules as given ({} for none), after checking that both keys hold strings."""
-    if not rules:
-        return {}
-    if not isinstance(rules, dict) or set(rules) - {"labels", "instructions"}:
-        raise ValueError("query_format must be a dict with only 'labels' and 'instructions' (lists of strings).")
-    for key, values in rules.items():
-        if not isinstance(values, list) or not all(isinstance(value, str) and value.strip() for value in values):
-            raise ValueError(f"query_format[{key!r}] must be a list of non-empty strings, got {values!r}.")
-    return {key: list(values) for key, values in rules.items()}

@@ -86,6 +86,7 @@ def load_router(
     from transformers import AutoTokenizer
     from transformers.utils.hub import extract_commit_hash
 
+    from benchgen_router.config_checks import check_router_config
     from benchgen_router.model_code import RouterConfig, RouterModel
 
     check_device(device)
@@ -99,6 +100,7 @@ def load_router(
         # The package's own model code, not the folder's copy: a folder written by an older version
         # routes with today's decision path, and a folder's code is never executed by the tools.
         config = RouterConfig.from_dict(copy.deepcopy(declared))  # config.json is parsed once (_declared)
+        check_router_config(config)
         config._name_or_path = source
         config._commit_hash = extract_commit_hash(str(config_file), None)  # what router_identity reports
         router = load_router_model(RouterModel, source, config, revision, kwargs["dtype"], backbone)
@@ -263,11 +265,12 @@ def router_config(
 ) -> Any:
     """The RouterConfig of a head over this backbone and tokenizer (shared by trainer and converter).
     `backbone` is what the config records: a Hub id, never a machine's local copy."""
+    from benchgen_router.config_checks import check_router_config
     from benchgen_router.model_code import RouterConfig
 
     per_query, suffix = special_token_counts(tokenizer)
     text_config._name_or_path = backbone  # the recorded id, also when read from a local copy
-    return RouterConfig(
+    config = RouterConfig(
         text_config=text_config,
         backbone_name_or_path=backbone,
         backbone_revision=revision,
@@ -279,6 +282,8 @@ def router_config(
         label2id={agent: i for i, agent in enumerate(agents)},
         **extra,
     )
+    check_router_config(config)
+    return config
 
 
 def backbone_router(

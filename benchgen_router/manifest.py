@@ -91,7 +91,7 @@ def validate_manifest(manifest: Any, path: str | Path) -> dict[str, Any]:
     if backbone is not None and (not isinstance(backbone, str) or not backbone.strip()):
         raise InputError(f"manifest {path}: backbone_model must be a Hub id or folder name, got {backbone!r}.")
     if manifest.get("query_format") is not None:
-        from benchgen_router.model_code import check_query_format
+        from benchgen_router.config_checks import check_query_format
 
         try:
             check_query_format(manifest["query_format"])
@@ -111,7 +111,7 @@ def check_operating_points(manifest: dict[str, Any], path: str | Path) -> None:
         if manifest.get("default_operating_point") is not None:
             raise InputError(f"manifest {path} names a default_operating_point but has no operating_points.")
         return
-    from benchgen_router.model_code import check_operating_points as check_points  # the model code's rule
+    from benchgen_router.config_checks import check_operating_points as check_points  # the config's rule
 
     if not isinstance(points, dict) or not points:
         raise InputError(f"manifest {path}: operating_points must be a non-empty object of name -> weights.")

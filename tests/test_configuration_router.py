@@ -1,4 +1,4 @@
-"""configuration_router.py: what RouterConfig accepts, refuses and stores."""
+"""configuration_router.py: what RouterConfig stores and derives (its rules: test_config_checks.py)."""
 
 from __future__ import annotations
 
@@ -23,23 +23,6 @@ def test_a_nested_dict_becomes_the_backbone_config_and_the_pool_reads_in_logit_o
     assert isinstance(config.text_config, Qwen3Config) and config.embedding_dim == 32
     assert config.agent_order == AGENTS
     assert (config.head_hidden_dim, config.truncation_length, config.pack_queries) == (0, 1024, True)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"head_hidden_dim": -1}, "head_hidden_dim must be >= 0"),
-        ({"truncation_length": 0}, "truncation_length must be a positive"),
-        ({"special_tokens_per_query": 1, "truncation_suffix_tokens": 2}, "truncation_suffix_tokens"),
-        ({"truncation_suffix_tokens": -1}, "truncation_suffix_tokens"),
-        ({"ood_threshold": float("nan"), "ood_fallback_agent": "open_mid"}, "ood_threshold must be a finite"),
-        ({"ood_threshold": 3.0}, "ood_fallback_agent None is not an agent"),
-        ({"ood_threshold": 3.0, "ood_fallback_agent": "gpt_x"}, "'gpt_x' is not an agent of this pool"),
-    ],
-)
-def test_invalid_settings_are_refused_with_a_reason(overrides, message):
-    with pytest.raises(ValueError, match=message):
-        router_config(**overrides)
 
 
 def test_a_text_config_without_model_type_is_refused():
@@ -105,15 +88,6 @@ def test_without_rules_the_query_is_embedded_exactly_as_given():
     assert router_config().canonical_query(text) == text and router_config().query_format == {}
 
 
-@pytest.mark.parametrize(
-    "rules",
-    [{"labels": "Question: "}, {"labels": [""]}, {"instructions": [3]}, {"prefixes": ["x"]}, ["Question: "]],
-)
-def test_malformed_query_rules_are_refused(rules):
-    with pytest.raises(ValueError, match="query_format"):
-        router_config(query_format=rules)
-
-
 def test_each_operating_point_may_name_its_own_fallback_agent():
     points = {
         "quality": {"cost_weight": 0, "latency_weight": 0},
@@ -124,9 +98,6 @@ def test_each_operating_point_may_name_its_own_fallback_agent():
     )
     assert config.fallback_agent() == config.fallback_agent("quality") == "frontier_b"
     assert config.fallback_agent("economy") == "open_cheap_reasoning"
-    points["economy"]["ood_fallback_agent"] = "gpt_x"
-    with pytest.raises(ValueError, match="'economy': ood_fallback_agent 'gpt_x' is not an agent"):
-        router_config(ood_threshold=1.0, ood_fallback_agent="frontier_b", operating_points=points)
 
 
 @pytest.mark.parametrize("name", [["quality"], 5, {"quality": 1}])

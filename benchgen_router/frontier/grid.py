@@ -83,7 +83,7 @@ def parse_grid(text: str) -> list[Tradeoff]:
     return grid
 
 
-MAX_POINT_NAME = 64  # configuration_router.OPERATING_POINT_NAME: a letter, then up to 63 of [A-Za-z0-9_-]
+MAX_POINT_NAME = 64  # config_checks.OPERATING_POINT_NAME: a letter, then up to 63 of [A-Za-z0-9_-]
 
 
 def operating_point_name_problem(name: str, weights: str = "0.2") -> str:
@@ -106,7 +106,7 @@ def operating_point_name_problem(name: str, weights: str = "0.2") -> str:
 
 def parse_operating_point(text: str) -> tuple[str, Tradeoff]:
     """'NAME=COST[:LATENCY]' -> (name, its trade-off)."""
-    from benchgen_router.model_code import OPERATING_POINT_NAME
+    from benchgen_router.config_checks import OPERATING_POINT_NAME
 
     name, equals, weights = text.partition("=")
     if not equals:

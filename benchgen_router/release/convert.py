@@ -294,7 +294,7 @@ def probability_head(manifest: dict[str, Any], path: Path) -> dict[str, Any]:
     settings = {key: manifest[key] for key in PROBABILITY_KEYS if manifest.get(key) is not None}
     if settings.get("head_kind", "cmaes") == "cmaes":
         return {}
-    from benchgen_router.model_code import HEAD_KINDS
+    from benchgen_router.config_checks import HEAD_KINDS
 
     agents = manifest["agent_order"]
     costs = settings.get("agent_costs_per_1k")

@@ -562,11 +562,17 @@ class SigtermOnce:
 def deploy(application: Any, plan: ServicePlan, local_ray: LocalRay | None, connected: bool) -> RunningService:
     """Run the application behind Ray Serve's HTTP front and wait for its replicas to load the router;
     InputError (one line) when they cannot serve it."""
-    ray_serve.start(
-        http_options={"host": plan.host, "port": plan.port},
-        logging_config={"log_level": plan.system_log_level, "enable_access_log": plan.access_log},
-    )
-    ray_serve.run(application, name=APP_NAME, route_prefix="/")
+    try:
+        ray_serve.start(
+            http_options={"host": plan.host, "port": plan.port},
+            logging_config={"log_level": plan.system_log_level, "enable_access_log": plan.access_log},
+        )
+        ray_serve.run(application, name=APP_NAME, route_prefix="/")
+    except (ray.exceptions.RayError, RuntimeError) as err:  # Serve's front or a replica failed to start
+        raise InputError(
+            f"the service did not start on {plan.host}:{plan.port}: {ray_failure(err)}; check that nothing else "
+            "listens on that port (on a joined Ray, another Serve application may), or pass another --port."
+        ) from None
     # A Serve already running on a joined Ray keeps its own host and port.
     from ray.serve.context import _get_global_client
 
@@ -581,6 +587,16 @@ def deploy(application: Any, plan: ServicePlan, local_ray: LocalRay | None, conn
         local_ray=local_ray,
         connected=connected,
     )
+
+
+def ray_failure(err: BaseException) -> str:
+    """The innermost cause of a Ray failure, in one line: a task's error wraps the real one (`cause`),
+    under lines that name the task, its pid and the traceback."""
+    while isinstance(getattr(err, "cause", None), BaseException) and err.cause is not err:
+        err = err.cause
+    noise = ("ray::", "Traceback", "File ", "^")
+    lines = [line.strip() for line in str(err).splitlines() if line.strip() and not line.strip().startswith(noise)]
+    return (lines or [type(err).__name__])[0][:300]
 
 
 def probe_url(host: str, port: int) -> str:

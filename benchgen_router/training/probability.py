@@ -169,7 +169,7 @@ def tradeoff_calibration(probabilities: np.ndarray, costs_per_1k: np.ndarray, ag
     query goes to the cheapest agent (a probability gap is at most 1)."""
     import torch
 
-    from benchgen_router.model_code import QUANTILE_LEVELS
+    from benchgen_router.config_checks import QUANTILE_LEVELS
     from benchgen_router.model_code import decide as decide_rule
 
     p = np.asarray(probabilities, dtype=np.float64)
