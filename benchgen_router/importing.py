@@ -433,6 +433,63 @@ def _short(prompt: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
 
 
+@dataclass(frozen=True)
+class _LongLayout:
+    """Which column of a long-format file holds what (None: absent), and the latency column's unit."""
+
+    prompt: str
+    model: str
+    correct: str
+    group: str | None
+    prompt_tokens: str | None
+    completion_tokens: str | None
+    cost: str | None
+    response: str | None
+    latency: str | None
+    latency_unit: str
+
+
+def _long_layout(header: Sequence[str], columns: LongColumns, path: Path) -> _LongLayout:
+    """The columns named in `columns`, else recognised by their usual names; a required one missing is one line."""
+    if columns.latency_unit not in LATENCY_UNITS:
+        raise InputError(f"latency unit {columns.latency_unit!r} must be one of {', '.join(LATENCY_UNITS)}.")
+    latency = _choose(header, columns.latency, tuple(LATENCY_FIELDS), "latency", path)
+    return _LongLayout(
+        prompt=_required(header, columns.prompt, TEXT_FIELDS, "the prompt", "prompt", "prompt_column", path),
+        model=_required(header, columns.model, MODEL_FIELDS, "the model", "model", "model_column", path),
+        correct=_required(
+            header, columns.correct, CORRECT_FIELDS, "correctness", "correctness", "correct_column", path
+        ),
+        group=_choose(header, columns.group, GROUP_FIELDS, "the group", path),
+        prompt_tokens=_choose(header, columns.prompt_tokens, PROMPT_TOKEN_FIELDS, "prompt tokens", path),
+        completion_tokens=_choose(
+            header, columns.completion_tokens, COMPLETION_TOKEN_FIELDS, "completion tokens", path
+        ),
+        cost=_choose(header, columns.cost, COST_FIELDS, "cost", path),
+        response=_choose(header, columns.response, RESPONSE_FIELDS, "the response", path),
+        latency=latency,
+        latency_unit=columns.latency_unit if columns.latency is not None else LATENCY_FIELDS.get(latency or "", "ms"),
+    )
+
+
+def _long_cell(row: dict[str, Any], layout: _LongLayout, line: int, where: str, correct_at: float | None) -> dict:
+    """One (prompt, model) row's reward, cost, latency (ms), tokens and response; NaN where a column is absent."""
+
+    def number(column: str | None, limit: float, whole: bool = False) -> float:
+        return math.nan if column is None else _number_cell(row.get(column), where, column, limit, whole=whole)
+
+    unit = LATENCY_UNITS[layout.latency_unit]
+    return {
+        "line": line,
+        "reward": parse_correct(row.get(layout.correct), where, layout.correct, correct_at),
+        "cost": number(layout.cost, MAX_CALL_COST_USD),
+        "latency_ms": number(layout.latency, MAX_LATENCY_MS / unit) * unit,
+        "prompt_tokens": number(layout.prompt_tokens, 1e12, whole=True),
+        "completion_tokens": number(layout.completion_tokens, 1e12, whole=True),
+        "response": None if layout.response is None else row.get(layout.response),
+    }
+
+
 def read_long_outcomes(
     path: str | os.PathLike,
     columns: LongColumns | None = None,
@@ -447,26 +504,8 @@ def read_long_outcomes(
     appears. A (prompt, model) pair given twice is an error naming both lines; a prompt without a
     row for some model is an error naming it, or, with `drop_incomplete`, dropped and counted."""
     path = Path(path)
-    columns = columns or LongColumns()
-    if columns.latency_unit not in LATENCY_UNITS:
-        raise InputError(f"latency unit {columns.latency_unit!r} must be one of {', '.join(LATENCY_UNITS)}.")
     header, rows = read_table(path)
-    prompt_column = _required(header, columns.prompt, TEXT_FIELDS, "the prompt", "prompt", "prompt_column", path)
-    model_column = _required(header, columns.model, MODEL_FIELDS, "the model", "model", "model_column", path)
-    correct_column = _required(
-        header, columns.correct, CORRECT_FIELDS, "correctness", "correctness", "correct_column", path
-    )
-    group_column = _choose(header, columns.group, GROUP_FIELDS, "the group", path)
-    prompt_tokens_column = _choose(header, columns.prompt_tokens, PROMPT_TOKEN_FIELDS, "prompt tokens", path)
-    completion_tokens_column = _choose(
-        header, columns.completion_tokens, COMPLETION_TOKEN_FIELDS, "completion tokens", path
-    )
-    cost_column = _choose(header, columns.cost, COST_FIELDS, "cost", path)
-    response_column = _choose(header, columns.response, RESPONSE_FIELDS, "the response", path)
-    latency_column = _choose(header, columns.latency, tuple(LATENCY_FIELDS), "latency", path)
-    latency_unit = (
-        columns.latency_unit if columns.latency is not None else LATENCY_FIELDS.get(latency_column or "", "ms")
-    )
+    layout = _long_layout(header, columns or LongColumns(), path)
     drop = contaminated if isinstance(contaminated, set) else read_contaminated(contaminated)
 
     agents: list[str] = []
@@ -474,14 +513,14 @@ def read_long_outcomes(
     dropped = 0
     for line, row in rows:
         where = f"{path} line {line}"
-        prompt = _text_cell(row.get(prompt_column), where, prompt_column)
+        prompt = _text_cell(row.get(layout.prompt), where, layout.prompt)
         if prompt in drop:
             dropped += 1
             continue
-        model = _text_cell(row.get(model_column), where, model_column)
+        model = _text_cell(row.get(layout.model), where, layout.model)
         group = None
-        if group_column is not None and row.get(group_column) not in (None, ""):
-            group = str(row[group_column])
+        if layout.group is not None and row.get(layout.group) not in (None, ""):
+            group = str(row[layout.group])
         if model not in agents:
             agents.append(model)
         task = tasks.setdefault((group, prompt), {"line": line, "cells": {}})
@@ -490,28 +529,7 @@ def read_long_outcomes(
                 f"{where} repeats prompt {_short(prompt)} for model {model!r} (first at line "
                 f"{task['cells'][model]['line']}); give each (prompt, model) one row."
             )
-        latency = (
-            math.nan
-            if latency_column is None
-            else _number_cell(
-                row.get(latency_column), where, latency_column, MAX_LATENCY_MS / LATENCY_UNITS[latency_unit]
-            )
-        )
-        task["cells"][model] = {
-            "line": line,
-            "reward": parse_correct(row.get(correct_column), where, correct_column, correct_at),
-            "cost": math.nan
-            if cost_column is None
-            else _number_cell(row.get(cost_column), where, cost_column, MAX_CALL_COST_USD),
-            "latency_ms": latency * LATENCY_UNITS[latency_unit],
-            "prompt_tokens": math.nan
-            if prompt_tokens_column is None
-            else _number_cell(row.get(prompt_tokens_column), where, prompt_tokens_column, 1e12, whole=True),
-            "completion_tokens": math.nan
-            if completion_tokens_column is None
-            else _number_cell(row.get(completion_tokens_column), where, completion_tokens_column, 1e12, whole=True),
-            "response": None if response_column is None else row.get(response_column),
-        }
+        task["cells"][model] = _long_cell(row, layout, line, where, correct_at)
 
     kept = []
     dropped_incomplete = 0
@@ -532,12 +550,9 @@ def read_long_outcomes(
     def matrix(key: str) -> np.ndarray:
         return np.array([[task["cells"][agent][key] for agent in agents] for _, _, task in kept], dtype=np.float64)
 
-    ids = [_task_id(group, prompt) for group, prompt, _ in kept]
-    notes = []
-    if dropped_incomplete:
-        notes.append(f"{dropped_incomplete} prompts without a row for every model were left out")
+    left_out = f"{dropped_incomplete} prompts without a row for every model were left out"
     return Outcomes(
-        task_ids=ids,
+        task_ids=[_task_id(group, prompt) for group, prompt, _ in kept],
         prompts=[prompt for _, prompt, _ in kept],
         groups=[group for group, _, _ in kept],
         agents=agents,
@@ -547,13 +562,13 @@ def read_long_outcomes(
         prompt_tokens=matrix("prompt_tokens"),
         completion_tokens=matrix("completion_tokens"),
         responses=None
-        if response_column is None
+        if layout.response is None
         else [[task["cells"][agent]["response"] for agent in agents] for _, _, task in kept],
         sources=[f"{path.name}:{task['line']}" for _, _, task in kept],
         dataset=dataset,
         dropped_contaminated=dropped,
         dropped_incomplete=dropped_incomplete,
-        notes=notes,
+        notes=[left_out] if dropped_incomplete else [],
     )
 
 
