@@ -4,7 +4,10 @@ time; nothing is downloaded."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -208,6 +211,37 @@ def run_tool(
         process.communicate()
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def run_in_process(command: str, *args: object) -> subprocess.CompletedProcess:
+    """run_tool's result without a fresh interpreter: the same main() and arguments, what it prints and
+    logs captured as a terminal would show them. For tests of what a command says, writes and exits
+    with; how a command starts and stops (signals, child processes) is run_tool's."""
+    from benchgen_router.cli.main import main
+
+    argv = [str(a) for a in args]
+    if command == "convert_npy.py":  # the root script is `convert` under its own name
+        argv, prog = ["convert", *argv], command
+    elif command.endswith(".py"):
+        raise ValueError(f"{command}: only convert_npy.py runs in-process; use run_tool")
+    else:
+        argv, prog = [command, *argv], "benchgen-router"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(stderr)  # the command's basicConfig handler, which pytest's own pre-empt
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    ours = logging.getLogger("benchgen_router")
+    level = ours.level
+    logging.getLogger().addHandler(handler)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main(argv, prog=prog)
+            except SystemExit as exit_:  # argparse's usage errors and --help
+                code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        ours.setLevel(level)
+    return subprocess.CompletedProcess([command, *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
 def cli(*args: object) -> int:

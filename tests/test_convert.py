@@ -21,6 +21,7 @@ from helpers import (
     cli,
     convert_release,
     make_queries,
+    run_in_process,
     run_tool,
     write_operating_release,
     write_release,
@@ -59,7 +60,7 @@ def test_output_folder_is_a_complete_hub_repo(converted):
 def test_cli_round_trip_records_backbone_and_revision(tmp_path, backbone_dir):
     manifest, weights = write_release(tmp_path / "release", 32, seed=5)
     out = tmp_path / "hub-folder"
-    result = run_tool(
+    result = run_in_process(
         "convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--backbone-revision", "v1.0")
     )
     assert result.returncode == 0, result.stderr
@@ -112,7 +113,7 @@ def test_bundled_checkpoint_loads_without_the_backbone_repo(tmp_path, tokenizer_
     backbone = build_backbone(tmp_path / "backbone", tokenizer_dir, seed=3)
     manifest, weights = write_release(tmp_path / "release", 32, head_hidden_dim=4, seed=2)
     out = tmp_path / "bundled"
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone, "--bundle-backbone"))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone, "--bundle-backbone"))
     assert result.returncode == 0, result.stderr
     assert any(k.startswith("backbone.") for k in load_file(out / "model.safetensors"))
     reference = ReferenceRouter(str(backbone), np.load(weights), AGENTS, 4)
@@ -168,7 +169,7 @@ def test_bad_artifacts_fail_with_one_line_and_write_nothing(tmp_path, backbone_d
         corrupt(data)
         manifest.write_text(json.dumps(data))
     out = tmp_path / "out"
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
@@ -182,7 +183,7 @@ def test_pickled_npy_is_refused_and_never_executed(tmp_path, backbone_dir):
     marker = tmp_path / "pwned"
     pickled_object_array(weights, marker)
     out = tmp_path / "out"
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
     assert result.returncode == 2 and "pickled" in result.stderr
     assert not marker.exists() and not out.exists()
 
@@ -193,14 +194,16 @@ def test_existing_output_dir_is_untouched_on_failure(tmp_path, backbone_dir):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     np.save(weights, np.zeros(7))
-    assert run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir)).returncode == 2
+    assert run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir)).returncode == 2
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
 @pytest.mark.slow
 def test_unreachable_backbone_is_one_line(tmp_path):
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", "nobody/no-such-model"))
+    result = run_in_process(
+        "convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", "nobody/no-such-model")
+    )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "cannot load the backbone 'nobody/no-such-model'" in result.stderr
 
@@ -250,7 +253,7 @@ def test_push_to_hub_uploads_the_folder(tmp_path, backbone_dir, monkeypatch):
 def test_bad_provenance_in_manifest_is_one_line(tmp_path, backbone_dir, change, message):
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), **change}))
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", backbone_dir))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", backbone_dir))
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
 
@@ -259,10 +262,12 @@ def test_bad_provenance_in_manifest_is_one_line(tmp_path, backbone_dir, change, 
 def test_output_dir_that_is_a_file_and_offline_push_are_one_line(tmp_path, backbone_dir):
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     (tmp_path / "a-file").write_text("x")
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, tmp_path / "a-file", backbone_dir))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, tmp_path / "a-file", backbone_dir))
     assert result.returncode == 2 and "is a file" in result.stderr and "Traceback" not in result.stderr
     out = tmp_path / "out"
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--push-to-hub", "me/r"))
+    result = run_in_process(
+        "convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--push-to-hub", "me/r")
+    )
     assert result.returncode == 2 and "is complete, but pushing it to 'me/r' failed" in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "push it later" in errors[0]
@@ -277,7 +282,7 @@ def test_reconversion_replaces_stale_weights_and_tokenizer_files(tmp_path, backb
     for stale in ("model-00001-of-00002.safetensors", "model.safetensors.index.json", "vocab.txt"):
         (out / stale).write_text("old")
     (out / "notes.md").write_text("mine")
-    assert run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir)).returncode == 0
+    assert run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir)).returncode == 0
     names = {p.name for p in out.iterdir()}
     assert (
         "notes.md" in names
@@ -305,7 +310,7 @@ def test_a_folder_of_other_files_is_refused_and_kept(tmp_path, backbone_dir):
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     out = tmp_path / "theirs"
     files = user_folder(out)
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
     assert result.returncode == 2 and "already holds files and no router" in result.stderr
     assert "--overwrite" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert {p.name: p.read_text() for p in out.iterdir()} == files
@@ -316,7 +321,7 @@ def test_overwrite_writes_the_router_and_deletes_nothing_it_did_not_write(tmp_pa
     manifest, weights = write_release(tmp_path / "release", 32, seed=0)
     out = tmp_path / "theirs"
     files = user_folder(out)
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--overwrite"))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir, "--overwrite"))
     assert result.returncode == 0, result.stderr
     names = {p.name for p in out.iterdir()}
     assert set(files) <= names  # vocab.txt, merges.txt and model-final.safetensors survive
@@ -330,7 +335,7 @@ def test_weights_that_overflow_float32_are_refused(tmp_path, backbone_dir, value
     theta = np.load(weights)
     theta[3] = value
     np.save(weights, theta)
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", backbone_dir))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, tmp_path / "out", backbone_dir))
     assert result.returncode == 2 and "overflow float32" in result.stderr
     assert not (tmp_path / "out").exists()
 
@@ -352,7 +357,7 @@ def test_provenance_of_any_type_is_left_out_and_the_card_stays_valid(tmp_path, b
     data = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**data, **provenance}).replace("Infinity", "1e999"))
     out = tmp_path / "out"
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
     assert result.returncode == 0, result.stderr
     bad = [key for key, value in provenance.items() if key != "model_id"]
     for key in bad:
@@ -380,7 +385,7 @@ def test_a_bundled_release_with_operating_points_routes_each_with_its_head(tmp_p
     backbone = build_backbone(tmp_path / "backbone", tokenizer_dir, seed=5)
     manifest, weights, thetas = write_operating_release(tmp_path / "release", 32, POINTS, "cheap", seed=3)
     out = tmp_path / "bundled"
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone, "--bundle-backbone"))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone, "--bundle-backbone"))
     assert result.returncode == 0, result.stderr
     queries = make_queries(6, seed=8)
     expected = {}
@@ -443,7 +448,7 @@ def test_bad_operating_point_releases_fail_with_one_line_and_write_nothing(tmp_p
     manifest, weights, _ = write_operating_release(tmp_path / "release", 32, POINTS, "cheap")
     corrupt(tmp_path / "release")
     out = tmp_path / "out"
-    result = run_tool("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
+    result = run_in_process("convert_npy.py", *convert_args(manifest, weights, out, backbone_dir))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
     assert not out.exists()
@@ -455,11 +460,11 @@ def test_card_note_is_appended_to_the_card_and_a_missing_note_file_is_one_line(t
     note = tmp_path / "note.md"
     note.write_text("## About this router\n\nTrained for a test.\n")
     out = tmp_path / "router"
-    result = run_tool("convert", *convert_args(manifest, weights, out, backbone_dir, "--card-note", f"@{note}"))
+    result = run_in_process("convert", *convert_args(manifest, weights, out, backbone_dir, "--card-note", f"@{note}"))
     assert result.returncode == 0, result.stderr
     card = (out / "README.md").read_text()
     assert "## About this router\n\nTrained for a test." in card and card.index("Trained for") < card.index("end of")
-    missing = run_tool(
+    missing = run_in_process(
         "convert", *convert_args(manifest, weights, tmp_path / "other", backbone_dir, "--card-note", "@/no/note.md")
     )
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
