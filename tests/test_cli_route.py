@@ -19,7 +19,7 @@ import pytest
 
 from benchgen_router.model_code import default_router_dir
 from benchgen_router.routing import pick_agent
-from helpers import AGENTS, PROJECT_ROOT, RESULT_KEYS, check_result, cli, make_queries, run_tool
+from helpers import AGENTS, PROJECT_ROOT, RESULT_KEYS, check_result, cli, make_queries, run_in_process, run_tool
 
 QUERIES = make_queries(24, seed=21)
 
@@ -43,7 +43,7 @@ def route_file(tmp_path: Path, folder: Path, name: str, content: bytes, *extra: 
 @pytest.mark.slow
 def test_single_query_prints_just_the_agent_id(converted):
     folder, _ = converted[0]
-    result = run_tool("route", "--model", folder, QUERIES[0])
+    result = run_in_process("route", "--model", folder, QUERIES[0])
     assert result.returncode == 0, result.stderr
     assert result.stdout == pick_agent(QUERIES[0], model=folder)["picked_agent"] + "\n"
 
@@ -51,7 +51,7 @@ def test_single_query_prints_just_the_agent_id(converted):
 @pytest.mark.slow
 def test_json_prints_one_result_per_query(converted):
     folder, _ = converted[8]
-    result = run_tool("route", "--model", folder, "--json", QUERIES[1], QUERIES[2])
+    result = run_in_process("route", "--model", folder, "--json", QUERIES[1], QUERIES[2])
     assert result.returncode == 0, result.stderr
     printed = [json.loads(line) for line in result.stdout.splitlines()]
     expected = pick_agent(QUERIES[1:3], model=folder)
@@ -99,7 +99,7 @@ def test_stdin_input_with_a_blank_line_routes_the_rest_and_exits_1(converted):
 
 @pytest.mark.slow
 def test_default_router_needs_no_model_flag():
-    result = run_tool("route", "What is the derivative of x^3 + 2x?")
+    result = run_in_process("route", "What is the derivative of x^3 + 2x?")
     assert result.returncode == 0, result.stderr
     labels = json.loads((default_router_dir() / "config.json").read_text())["id2label"].values()
     assert result.stdout.strip() in labels
@@ -451,7 +451,7 @@ def test_an_unwritable_output_fails_before_any_work(converted, tmp_path, tool):
         argv = ["route", "--model", folder, "--input", source, "--output", "/sys/kernel/picks.jsonl"]
     else:
         argv = ["evaluate", "--model", folder, "--rewards", source, "--tasks", source, "--output-json", "/sys/x.json"]
-    result = run_tool(*argv)
+    result = run_in_process(*argv)
     assert result.returncode == 2 and "cannot write to /sys" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -508,7 +508,7 @@ def test_results_stream_out_before_the_whole_file_is_routed(converted, tmp_path)
 @pytest.mark.slow
 def test_operating_point_flag_routes_with_that_head_and_a_wrong_one_is_exit_2(operating_router, tmp_path):
     folder, _ = operating_router
-    result = run_tool("route", "--model", folder, "--operating-point", "fast", "--json", QUERIES[3])
+    result = run_in_process("route", "--model", folder, "--operating-point", "fast", "--json", QUERIES[3])
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     assert printed == pick_agent(QUERIES[3], model=folder, operating_point="fast")
@@ -516,7 +516,7 @@ def test_operating_point_flag_routes_with_that_head_and_a_wrong_one_is_exit_2(op
     queries = tmp_path / "queries.txt"
     queries.write_text("\n".join(QUERIES[:5]) + "\n")
     out = tmp_path / "picks.jsonl"
-    wrong = run_tool("route", "--model", folder, "--operating-point", "cheap", "-i", queries, "-o", out)
+    wrong = run_in_process("route", "--model", folder, "--operating-point", "cheap", "-i", queries, "-o", out)
     assert wrong.returncode == 2 and not out.exists()
     assert (
         wrong.stderr.strip().splitlines()[-1].endswith("'cheap' is not one of this router's: balanced, fast, quality.")

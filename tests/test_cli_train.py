@@ -22,7 +22,7 @@ from helpers import (
     calls_row,
     cli,
     pilot_data,
-    run_tool,
+    run_in_process,
     synthetic_rows,
     write_jsonl,
 )
@@ -82,7 +82,7 @@ def pilot_run(tmp_path_factory, backbone_dir):
         folder / "cache",
         "--no-progress",
     ]
-    result = run_tool("train", *args)
+    result = run_in_process("train", *args)
     assert result.returncode == 0, result.stderr
     return folder, result, args
 
@@ -184,7 +184,7 @@ def test_rerun_reads_the_embedding_cache_and_reproduces_the_head(pilot_run, tmp_
         "--no-progress",
     ]
     cached = sorted((folder / "cache").glob("*.npy"))
-    result = run_tool("train", *rerun)
+    result = run_in_process("train", *rerun)
     assert result.returncode == 0, result.stderr
     assert "read from cache" in result.stderr and sorted((folder / "cache").glob("*.npy")) == cached
     # the guard does not touch the search: the same head with or without it
@@ -390,7 +390,7 @@ def test_bad_options_stop_with_one_line(extra, expected, tmp_path, backbone_dir,
 
 @pytest.mark.skipif(find_spec("datasets") is not None, reason="the datasets package is installed here")
 def test_hub_dataset_id_without_datasets_package_is_one_clear_line(tmp_path):
-    result = run_tool(
+    result = run_in_process(
         "train",
         "--rewards",
         "benchgen/router-pilot",
@@ -409,7 +409,7 @@ def test_hub_dataset_id_without_datasets_package_is_one_clear_line(tmp_path):
 
 def test_bad_config_value_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"cma_generations": "sixty", "rewards_dataset": "r.jsonl"}))
-    result = run_tool("train", "--config", tmp_path / "config.json")
+    result = run_in_process("train", "--config", tmp_path / "config.json")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: config file {tmp_path / 'config.json'}: 'cma_generations' must be an integer, got 'sixty'."
@@ -455,7 +455,7 @@ def value_run(tmp_path_factory, backbone_dir):
         "--backbone", backbone_dir, "--generations", "8", "--no-ood-guard", "--no-progress",
         "--cache-dir", folder / "cache",
     ]  # fmt: skip
-    plain = run_tool("train", *common, "--output-dir", folder / "plain", "--cv-folds", "0")
+    plain = run_in_process("train", *common, "--output-dir", folder / "plain", "--cv-folds", "0")
     assert plain.returncode == 0, plain.stderr
     args = [
         *common, "--output-dir", folder / "out", "--export", folder / "router", "--calls",
@@ -463,7 +463,7 @@ def value_run(tmp_path_factory, backbone_dir):
         "--operating-point", "thrifty=5", "--default-operating-point", "thrifty", "--cv-folds", "2",
         "--cv-repeats", "2",
     ]  # fmt: skip
-    result = run_tool("train", *args)
+    result = run_in_process("train", *args)
     assert result.returncode == 0, result.stderr
     return folder, result, args
 
@@ -531,7 +531,7 @@ def test_target_mode_chooses_the_default_and_records_its_nested_estimate(tmp_pat
         "--no-ood-guard", "--no-progress", "--output-dir", tmp_path / "out", "--cv-folds", "2", "--cv-repeats", "1",
         "--operating-point", "quality=0", "--operating-point", "thrifty=5", "--target-eps", "0.05",
     ]  # fmt: skip
-    result = run_tool("train", *args)
+    result = run_in_process("train", *args)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     target = manifest["target_mode"]
@@ -603,7 +603,7 @@ def test_a_run_into_an_earlier_runs_folder_leaves_none_of_its_files(tmp_path, ba
         "--backbone", backbone_dir, "--generations", "2", "--cv-folds", "0", "--no-ood-guard", "--no-progress",
         "--output-dir", out, "--export", tmp_path / "router",
     ]  # fmt: skip
-    result = run_tool("train", *args)
+    result = run_in_process("train", *args)
     assert result.returncode == 0, result.stderr
     assert "Loading weights" not in result.stderr and "Writing model shards" not in result.stderr  # quiet
     assert sorted(p.name for p in out.iterdir()) == ["head_weights.npy", "manifest.json", "notes.txt"]
