@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchgen_router.graders import grade
-from helpers import PROJECT_ROOT, cli, make_queries, run_tool
+from helpers import PROJECT_ROOT, cli, make_queries, run_in_process
 
 pytest_plugins = ["upstream_server"]
 httpx = pytest.importorskip("httpx")
@@ -184,7 +184,7 @@ def pool_entries(servers) -> list[tuple[str, str, str]]:
 def full_run(servers, task_rows, tmp_path_factory):
     """An uninterrupted run: 12 tasks x 3 agents x 2 repetitions."""
     folder = setup_folder(tmp_path_factory.mktemp("full"), task_rows, pool_entries(servers))
-    result = run_tool("collect", *collect_args(folder), "--repetitions", "2", "--no-progress", timeout=300)
+    result = run_in_process("collect", *collect_args(folder), "--repetitions", "2", "--no-progress")
     assert result.returncode == 0, result.stderr
     return folder, result
 
@@ -274,9 +274,9 @@ def test_a_stopped_run_resumed_gives_the_files_of_an_uninterrupted_one(
             and "resume it (--resume) to ask only the rest" in stderr
         )
 
-    refused = run_tool("collect", *collect_args(folder), "--repetitions", "2", "--no-progress")
+    refused = run_in_process("collect", *collect_args(folder), "--repetitions", "2", "--no-progress")
     assert refused.returncode == 2 and "pass --resume to continue it" in refused.stderr
-    resumed = run_tool("collect", *collect_args(folder), "--repetitions", "2", "--no-progress", "--resume")
+    resumed = run_in_process("collect", *collect_args(folder), "--repetitions", "2", "--no-progress", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     made = int(resumed.stdout.split(" calls made")[0].split()[-1])
     reused = int(resumed.stdout.split(" reused")[0].split()[-1])
@@ -290,7 +290,7 @@ def test_a_down_upstream_and_a_misnamed_model_are_recorded_errors(servers, task_
     entries = [("up", servers[0].base_url, servers[0].model), ("down", down_upstream_url, "m")]
     entries.append(("misnamed", servers[1].base_url, "not-the-pinned-model"))
     folder = setup_folder(tmp_path, task_rows[:2], entries)
-    result = run_tool("collect", *collect_args(folder), "--repetitions", "1", "--retries", "1", "--no-progress")
+    result = run_in_process("collect", *collect_args(folder), "--repetitions", "1", "--retries", "1", "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "4 failed" in result.stdout and "4 calls failed after their retries" in result.stderr
     for row in read_rows(folder / "calls.rewards.jsonl"):
@@ -306,7 +306,7 @@ def test_a_down_upstream_and_a_misnamed_model_are_recorded_errors(servers, task_
 def test_the_cost_cap_stops_early_with_exit_1(servers, task_rows, tmp_path):
     folder = setup_folder(tmp_path, task_rows, pool_entries(servers))
     args = [*collect_args(folder), "--repetitions", "1", "--max-cost-usd", "0.5", "--no-progress"]
-    result = run_tool("collect", *args)
+    result = run_in_process("collect", *args)
     assert result.returncode == 1, result.stderr
     assert "warning: stopped at --max-cost-usd 0.5" in result.stderr and "--resume with a higher cap" in result.stderr
     journal = [json.loads(line)["call"] for line in (folder / "calls.jsonl.journal").read_text().splitlines()[1:]]
@@ -316,14 +316,14 @@ def test_the_cost_cap_stops_early_with_exit_1(servers, task_rows, tmp_path):
     assert 0 < len(journal) < 36 and spent <= 0.5 + max(call["cost_usd"] for call in journal)
     assert f"{spent:.4f} USD" in result.stdout
     assert len(read_rows(folder / "calls.jsonl")) == len(read_rows(folder / "calls.rewards.jsonl")) <= len(journal) // 3
-    finished = run_tool("collect", *args[:-3], "--max-cost-usd", "100", "--no-progress", "--resume")
+    finished = run_in_process("collect", *args[:-3], "--max-cost-usd", "100", "--no-progress", "--resume")
     assert finished.returncode == 0 and len(read_rows(folder / "calls.jsonl")) == 12, finished.stderr
 
 
 @pytest.mark.slow
 def test_train_reads_what_collect_wrote(full_run, backbone_dir, tmp_path):
     folder, _ = full_run
-    result = run_tool(
+    result = run_in_process(
         "train",
         "--rewards", folder / "calls.rewards.jsonl", "--tasks", folder / "tasks.jsonl",
         "--calls", folder / "calls.jsonl", "--pool", folder / "pool.json",
@@ -357,7 +357,7 @@ def test_two_resumed_runs_on_one_output_do_not_both_ask(tmp_path):
     with Scripted([(200, {}, OK_BODY)], delay_s=0.2) as server:
         folder = scripted_folder(tmp_path, server.base_url, tasks=4)
         first = ["--repetitions", "2", "--no-progress", "--concurrency", "1"]
-        assert run_tool("collect", *collect_args(folder), *first, "--limit", "1").returncode == 0
+        assert run_in_process("collect", *collect_args(folder), *first, "--limit", "1").returncode == 0
         assert len(server.requests) == 4  # task t0: 2 agents x 2 repetitions
         runs = [start_collect(folder, *first, "--resume")]
         time.sleep(0.5)
