@@ -31,11 +31,8 @@ pytest.importorskip("ray.serve")
 uvicorn = pytest.importorskip("uvicorn")
 
 from benchgen_router.serving.app import RouterService, api  # noqa: E402
-from benchgen_router.serving.gateway import (  # noqa: E402
-    MAX_COST_PER_CALL_USD,
-    MAX_TOKENS_PER_CALL,
-    GatewaySettings,
-)
+from benchgen_router.serving.call_usage import MAX_COST_PER_CALL_USD, MAX_TOKENS_PER_CALL  # noqa: E402
+from benchgen_router.serving.gateway import GatewaySettings  # noqa: E402
 from benchgen_router.upstreams import Upstream, UpstreamPool  # noqa: E402
 
 AGENTS = ["alpha", "beta"]

@@ -26,13 +26,19 @@ from typing import Any
 import anyio
 import httpx
 from ray.exceptions import TaskCancelledError
-from ray.serve.metrics import Counter, Histogram
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from benchgen_router.errors import InputError, setting_error
 from benchgen_router.files import text_problem
+from benchgen_router.serving.call_usage import (
+    CallUsage,
+    GatewayMetrics,
+    StreamUsage,
+    body_usage,
+    cost_headers,
+)
 from benchgen_router.serving.journal import TrafficJournal
 from benchgen_router.upstreams import Upstream, UpstreamPool, mask_keys, retryable_status
 
@@ -53,8 +59,6 @@ ROUTING_TEXT_MAX_CHARS = 65536
 LARGE_BODY_BYTES = 1 << 20
 # Idle upstream connections kept open: a burst of calls to an HTTPS upstream then skips new handshakes.
 KEEPALIVE_CONNECTIONS = 256
-# A stream's line longer than this is no usage event; dropped rather than buffered.
-MAX_EVENT_BYTES = 1 << 20
 # A non-streamed answer is held whole before it is relayed: past this size it is refused (a 502), unread.
 DEFAULT_MAX_RESPONSE_BYTES = 32 << 20
 # The upstream's headers a client may use; the rest (its server, cookies, lengths) stay behind. Its
@@ -62,11 +66,6 @@ DEFAULT_MAX_RESPONSE_BYTES = 32 << 20
 PASSED_HEADERS = ("content-type", "retry-after", "openai-processing-ms")
 PASSED_HEADER_PREFIXES = ("x-ratelimit-",)
 RENAMED_HEADERS = {"x-request-id": "x-benchgen-upstream-request-id"}
-# Usage past these is no real call's (a hostile or broken upstream): dropped from the metrics and the
-# cost header, and counted apart, so that no series can be poisoned or overflow.
-MAX_TOKENS_PER_CALL = 10_000_000
-MAX_COST_PER_CALL_USD = 1000.0
-LATENCY_BUCKETS_S = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
 
 
 class GatewayError(InputError):
@@ -377,60 +376,6 @@ def routed_plan(
     return Plan(attempts=attempts, routed=True, decision=decision)
 
 
-@dataclass(frozen=True)
-class CallUsage:
-    """What a call used, as counted: its tokens and cost (None: not reported, or not priced)."""
-
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cost_usd: float | None = None
-
-
-def plausible_usage(upstream: Upstream, usage: Mapping[str, Any] | None) -> CallUsage | None:
-    """The tokens and cost of a call's `usage`; None when they are not believable (a token count that is
-    not a whole number from 0 to MAX_TOKENS_PER_CALL; a cost that is negative, not finite, or over
-    MAX_COST_PER_CALL_USD, billed or at the pool's prices): such usage is counted nowhere."""
-    if usage is None:
-        return CallUsage()
-    tokens = []
-    for key in ("prompt_tokens", "completion_tokens"):
-        count = usage.get(key)
-        if count is not None and (
-            isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_TOKENS_PER_CALL
-        ):
-            return None
-        tokens.append(count)
-    billed = usage.get("cost")
-    if billed is not None and not (
-        isinstance(billed, int | float)
-        and not isinstance(billed, bool)
-        and math.isfinite(billed)
-        and 0 <= billed <= MAX_COST_PER_CALL_USD
-    ):
-        return None
-    cost = upstream.cost_usd(usage)
-    if cost is not None and not cost <= MAX_COST_PER_CALL_USD:
-        return None
-    return CallUsage(tokens[0], tokens[1], cost)
-
-
-def cost_headers(usage: CallUsage | None) -> dict[str, str]:
-    """x-benchgen-cost-usd: the upstream's billed usage.cost, else its tokens at the pool's prices;
-    absent when neither is known, or the usage is not believable."""
-    if usage is None or usage.cost_usd is None:
-        return {}
-    return {"x-benchgen-cost-usd": f"{usage.cost_usd:.10f}"}
-
-
-def body_usage(content: bytes) -> dict[str, Any] | None:
-    try:
-        payload = json.loads(content)
-    except (ValueError, RecursionError):
-        return None
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    return usage if isinstance(usage, dict) else None
-
-
 def passed_headers(reply: httpx.Response) -> dict[str, str]:
     passed = {
         name: value
@@ -450,99 +395,8 @@ def failure_reason(err: httpx.HTTPError, timeout_s: float) -> tuple[str, str]:
     return "transport", f"the connection failed ({type(err).__name__})"
 
 
-class StreamUsage:
-    """The last `usage` a stream's data events carried, read as the bytes pass through. OpenAI sends it
-    in a final chunk when asked (stream_options.include_usage), as transformers serve does from 5.25."""
-
-    def __init__(self) -> None:
-        self.pending = b""
-        self.usage: dict[str, Any] | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        lines = (self.pending + chunk).split(b"\n")
-        self.pending = lines.pop()
-        if len(self.pending) > MAX_EVENT_BYTES:
-            self.pending = b""
-        for line in lines:
-            self.read_line(line)
-
-    def finish(self) -> None:
-        self.read_line(self.pending)
-        self.pending = b""
-
-    def read_line(self, line: bytes) -> None:
-        if line.startswith(b"data:") and b'"usage"' in line:
-            usage = body_usage(line[5:])
-            if usage is not None:
-                self.usage = usage
-
-
 # ---------------------------------------------------------------------------------------------
 # Metrics and the calls
-
-
-class GatewayMetrics:
-    """Prometheus metrics of the gateway, per agent (Ray Serve adds the deployment and replica tags)."""
-
-    def __init__(self) -> None:
-        self.requests = Counter(
-            "benchgen_router_gateway_requests",
-            description="Chat completions answered, by agent, kind (routed, passthrough) and status class.",
-            tag_keys=("agent", "kind", "status"),
-        )
-        self.prompt_tokens = Counter(
-            "benchgen_router_gateway_prompt_tokens", description="Prompt tokens, by agent.", tag_keys=("agent",)
-        )
-        self.completion_tokens = Counter(
-            "benchgen_router_gateway_completion_tokens", description="Completion tokens, by agent.", tag_keys=("agent",)
-        )
-        self.cost = Counter(
-            "benchgen_router_gateway_cost_usd", description="Cost of the calls in USD, by agent.", tag_keys=("agent",)
-        )
-        self.failures = Counter(
-            "benchgen_router_gateway_upstream_failures",
-            description="Upstream calls that failed (timeout, connect, transport, 429, 5xx), by agent and reason.",
-            tag_keys=("agent", "reason"),
-        )
-        self.journal_failures = Counter(
-            "benchgen_router_gateway_journal_write_failures",
-            description="Traffic journal lines that could not be written (an unwritable folder, a full disk).",
-        )
-        self.implausible_usage = Counter(
-            "benchgen_router_gateway_implausible_usage",
-            description="Calls whose usage was not counted: token counts or costs no real call has, by agent.",
-            tag_keys=("agent",),
-        )
-        self.latency = Histogram(
-            "benchgen_router_gateway_upstream_latency_seconds",
-            description="From the call to the upstream's last byte, by agent and stream (true, false).",
-            boundaries=LATENCY_BUCKETS_S,
-            tag_keys=("agent", "stream"),
-        )
-
-    def answered(self, plan: Plan, agent: str, status: int) -> None:
-        self.requests.inc(1, tags={"agent": agent, "kind": plan.kind, "status": f"{status // 100}xx"})
-
-    def finished(
-        self, upstream: Upstream, usage: Mapping[str, Any] | None, seconds: float, stream: bool
-    ) -> CallUsage | None:
-        """Count a finished call; its usage as counted (None: not believable, counted apart)."""
-        tags = {"agent": upstream.agent}
-        self.latency.observe(seconds, tags={**tags, "stream": str(stream).lower()})
-        counted = plausible_usage(upstream, usage)
-        if counted is None:
-            self.implausible_usage.inc(1, tags=tags)
-            logger.warning("gateway: agent %s reported usage no call has; not counted", upstream.agent)
-            return None
-        for counter, tokens in (
-            (self.prompt_tokens, counted.prompt_tokens),
-            (self.completion_tokens, counted.completion_tokens),
-        ):
-            if tokens:
-                counter.inc(tokens, tags=tags)
-        if counted.cost_usd:
-            self.cost.inc(counted.cost_usd, tags=tags)
-        return counted
 
 
 class Gateway:
@@ -633,7 +487,7 @@ class Gateway:
                 continue
             except ResponseTooLarge as err:  # not retried: the call was answered, and billed
                 self.failed(upstream, "too_large", str(err))
-                self.metrics.answered(plan, upstream.agent, 502)
+                self.metrics.answered(plan.kind, upstream.agent, 502)
                 self.record(journaled, 502, None, time.perf_counter() - started)
                 raise GatewayError(502, f"agent '{upstream.agent}' {err}.", code="upstream_error") from None
             status = reply.status_code
@@ -646,7 +500,7 @@ class Gateway:
             if journaled is not None:
                 headers["x-benchgen-request-id"] = journaled.request_id
                 journaled.first_byte_s = first_byte_s
-            self.metrics.answered(plan, upstream.agent, status)
+            self.metrics.answered(plan.kind, upstream.agent, status)
             if content is None:
                 return UpstreamStream(reply, upstream, headers, self, started, journaled)
             usage = body_usage(content) if reply.is_success else None
@@ -654,7 +508,7 @@ class Gateway:
             counted = self.metrics.finished(upstream, usage, total_s, stream=False)
             self.record(journaled, status, counted, total_s)
             return Response(self.masked(content), status_code=status, headers={**headers, **cost_headers(counted)})
-        self.metrics.answered(plan, plan.attempts[0].agent, 502)
+        self.metrics.answered(plan.kind, plan.attempts[0].agent, 502)
         self.record(journaled, 502, None, None)
         raise GatewayError(502, f"no upstream answered: {'; '.join(failures)}.", code="upstream_error")
 
