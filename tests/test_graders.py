@@ -129,6 +129,18 @@ def test_math_expression_in_a_worker_thread() -> None:
 def test_math_verify_logs_quote_a_bounded_part_of_the_answer(monkeypatch, caplog) -> None:
     """math-verify logs the text it timed out on; a 600-character answer is cut to LOGGED_CHARS."""
     monkeypatch.setattr(graders, "MATH_TIMEOUT_S", 1)
+    # A parse slower than the limit on any machine: how long sympy takes on this answer depends on the
+    # CPU and on what it parsed before, so each LaTeX parse first sleeps past the limit (the alarm
+    # interrupts the sleep), and nothing parsed earlier is served from math-verify's cache.
+    parser = pytest.importorskip("math_verify.parser")
+    latex2sympy = parser.latex2sympy
+
+    def slow_latex2sympy(*args, **kwargs):
+        time.sleep(5)
+        return latex2sympy(*args, **kwargs)
+
+    monkeypatch.setattr(parser, "latex2sympy", slow_latex2sympy)
+    parser.parse_latex_cached.cache_clear()
     nested = "\\boxed{" + "(" * 300 + "1" + ")" * 300 + "}"
     with caplog.at_level(logging.WARNING, logger="math_verify"):
         assert grade("math_expression", nested, "1") == Graded(nested[7:-1], False)
