@@ -49,10 +49,10 @@ def check_router_config(config: Any) -> None:
             raise ValueError(f"operating point {name!r}: ood_fallback_agent {agent!r} is not an agent of {pool}.")
 
 
-def check_operating_points(points: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """The operating points as given, after checking their names and trade-off weights (ValueError)."""
+def check_operating_points(points: dict[str, dict[str, Any]] | None) -> None:
+    """A ValueError unless every operating point has a valid name and trade-off weights >= 0."""
     if not points:
-        return {}
+        return
     if not isinstance(points, dict):
         raise ValueError(f"operating_points must be a dict of name -> settings, got {type(points).__name__}.")
     for name, settings in points.items():
@@ -64,16 +64,14 @@ def check_operating_points(points: dict[str, dict[str, Any]] | None) -> dict[str
             value = settings.get(key) if isinstance(settings, dict) else None
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"operating point {name!r} needs a number {key} >= 0, got {value!r}.")
-    return dict(points)
 
 
-def check_query_format(rules: dict[str, Any] | None) -> dict[str, list[str]]:
-    """The canonicalisation rules as given ({} for none), after checking that both keys hold strings."""
+def check_query_format(rules: dict[str, Any] | None) -> None:
+    """A ValueError unless the canonicalisation rules hold only 'labels' and 'instructions' lists of strings."""
     if not rules:
-        return {}
+        return
     if not isinstance(rules, dict) or set(rules) - {"labels", "instructions"}:
         raise ValueError("query_format must be a dict with only 'labels' and 'instructions' (lists of strings).")
     for key, values in rules.items():
         if not isinstance(values, list) or not all(isinstance(value, str) and value.strip() for value in values):
             raise ValueError(f"query_format[{key!r}] must be a list of non-empty strings, got {values!r}.")
-    return {key: list(values) for key, values in rules.items()}
