@@ -93,7 +93,9 @@ def test_the_guard_section_shows_what_the_guard_measured_and_who_answers_flagged
     guarded = config(ood_threshold=1.5, ood_fallback_agent="frontier_b")
     card = render_card(guarded, TrainingReport(ood_guard=guard), "org/model", None)
     assert "## Out-of-distribution guard" in card and "score above 1.5000 is flagged" in card
-    assert "go to `frontier_b`" in card and "| calibration prompts kept | 0.9800 |" in card
+    assert "go to a fallback agent: `frontier_b`." in card
+    _, rule, values = card.split("| kept: calibration prompts |")[1].splitlines()[:3]
+    assert rule == "| ---: |" and values == "| 0.9800 |"  # one column per figure measured
     assert "AUROC" not in card  # not measured
     assert "## Out-of-distribution guard" not in render_card(config(), TrainingReport(), "org/model", None)
 
@@ -107,7 +109,7 @@ def test_the_card_stays_short():
     report = TrainingReport.from_dict({"frontier": stored, "n_train": 35, "n_test": 11, "test_reward": 0.8}, "r")
     report.ood_guard = guard
     card = render_card(config(ood_threshold=1.5, ood_fallback_agent="frontier_b"), report, "org/model", None)
-    assert len(card.splitlines()) <= 100
+    assert len(card.splitlines()) <= 70
 
 
 def in_short(card: str) -> str:

@@ -20,9 +20,9 @@ CARD_TEMPLATE = Path(__file__).resolve().parent / "model_card.md"
 CARD_END = "<!-- end of router card -->"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 QUERY_LINE = (
-    "Before embedding, a query loses the benchmark wrapper the head was trained with (the labels and\n"
-    "answer-format instructions in config.json's `query_format`; `config.canonical_query` applies them and the\n"
-    "pipeline does so itself), so a plain question and its formatted prompt get one decision.\n"
+    "Before embedding, a query loses the benchmark wrapper the head was trained with (config.json's "
+    "`query_format`; `config.canonical_query` applies it, the pipeline does so itself), so a plain question "
+    "and its formatted prompt get one decision.\n"
 )
 
 
@@ -45,13 +45,18 @@ def _figures_row(label: str, point: Any, plain: PointFigures | None, reference: 
     )
 
 
+def _weights(point: Any) -> tuple[float, float]:
+    """An operating point's (cost, latency) weights, from a report's PointReport or config.json's dict."""
+    if isinstance(point, dict):
+        return point.get("cost_weight", 0.0), point.get("latency_weight", 0.0)
+    return point.cost_weight, point.latency_weight
+
+
 def _points_rows(config: Any, report: TrainingReport, frontier: FrontierResult) -> list[str]:
     reference = frontier.point(frontier.reference)
     rows = []
     if report.operating_points:
-        ordered = sorted(
-            report.operating_points.items(), key=lambda item: (item[1].cost_weight, item[1].latency_weight)
-        )
+        ordered = sorted(report.operating_points.items(), key=lambda item: _weights(item[1]))
         for name, point in ordered:
             default = " (default)" if name == config.operating_point else ""
             label = f"`{name}`{default}: cost {point.cost_weight:g}, latency {point.latency_weight:g}"
@@ -135,35 +140,42 @@ def guard_section(config: Any, guard: GuardReport | None) -> str:
     """The out-of-distribution guard: how it decides, who answers flagged queries, what it measured."""
     if config.ood_threshold is None:
         return ""
-    fallbacks = {name: config.fallback_agent(name) for name in config.operating_points}
-    by_point = "".join(f"; at `{name}`, `{agent}`" for name, agent in fallbacks.items())
-    rule = f" ({guard.fallback_rule})" if guard and guard.fallback_rule else ""
+    # in the figures table's order (config.json stores the points sorted by name)
+    points = sorted(config.operating_points.items(), key=lambda item: _weights(item[1]))
+    by_point = "".join(f"; at `{name}`, `{config.fallback_agent(name)}`" for name, _ in points)
+    rule = f", {guard.fallback_rule}" if guard and guard.fallback_rule else ""
     lines = [
         "## Out-of-distribution guard",
         "",
-        "Queries unlike the prompts the head was trained for (another language, another domain) get a close to",
-        f"arbitrary pick from the head, so the router flags them: its score is {_guard_method(config)}, and a",
-        f"score above {config.ood_threshold:.4f} is flagged. Flagged queries go to `{config.ood_fallback_agent}`"
-        f"{rule}{by_point}.",
+        "Queries unlike the prompts the head was trained for (another language, another domain) get a close to "
+        "arbitrary pick from the head, so the router flags them.",
+        f"Its score is {_guard_method(config)}; a score above {config.ood_threshold:.4f} is flagged.",
+        f"Flagged queries go to a fallback agent{rule}: `{config.ood_fallback_agent}`{by_point}.",
         "",
     ]
     figures = []
     if guard is not None:
         evaluation = guard.evaluation or {}
         figures = [
-            ("calibration prompts kept", guard.calibration_kept_share),
-            ("held-out typed in-domain questions kept", guard.plain_calibration_kept_share),
-            ("plain in-domain questions kept (never fitted)", guard.plain_questions_kept_share),
-            ("labelled tasks flagged, as formatted", guard.labelled_formatted_flagged_share),
-            ("labelled tasks flagged, as plain questions", guard.labelled_plain_flagged_share),
-            (f"AUROC, in-distribution vs {evaluation.get('ood_queries', 'the')} OOD queries", evaluation.get("auroc")),
+            ("kept: calibration prompts", guard.calibration_kept_share),
+            ("kept: held-out typed questions", guard.plain_calibration_kept_share),
+            ("kept: plain questions, never fitted", guard.plain_questions_kept_share),
+            ("flagged: labelled tasks", guard.labelled_formatted_flagged_share),
+            ("flagged: the same, plain", guard.labelled_plain_flagged_share),
+            (f"AUROC vs {evaluation.get('ood_queries', 'the')} OOD queries", evaluation.get("auroc")),
         ]
         figures = [(label, value) for label, value in figures if value is not None]
-    if figures:
-        lines += ["| | |", "| --- | ---: |", *(f"| {label} | {value:.4f} |" for label, value in figures), ""]
+    if figures:  # one row: the guard's figures side by side
+        lines += [
+            "| " + " | ".join(label for label, _ in figures) + " |",
+            "|" + " ---: |" * len(figures),
+            "| " + " | ".join(f"{value:.4f}" for _, value in figures) + " |",
+            "",
+        ]
     lines += [
-        "`model(**inputs)` returns `ood_scores`, `out_of_distribution` and `picks` (the decision, fallback applied);",
-        "every entry point returns that decision. `from_pretrained(..., ood_guard=False)` switches the guard off.",
+        "`model(**inputs)` returns `ood_scores`, `out_of_distribution` and `picks` (the decision, fallback "
+        "applied), and every entry point returns that decision.",
+        "`from_pretrained(..., ood_guard=False)` switches the guard off.",
     ]
     return "\n".join(lines) + "\n"
 
