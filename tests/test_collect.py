@@ -396,7 +396,8 @@ class Scripted:
         self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     def __enter__(self) -> Scripted:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # shutdown() waits for the serving loop's next poll: poll often, so a test's teardown is quick
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:

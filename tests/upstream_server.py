@@ -412,7 +412,8 @@ class ReplayUpstream:
         self.base_url = f"http://{HOST}:{self.server.server_address[1]}/v1"
 
     def __enter__(self) -> ReplayUpstream:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # shutdown() waits for the serving loop's next poll: poll often, so a test's teardown is quick
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -499,7 +500,14 @@ class MisbehavingUpstream:
         data = scripted.body if isinstance(scripted.body, bytes) else json.dumps(scripted.body).encode()
         headers = {"content-type": "application/json", **scripted.headers}
         framing = "transfer-encoding: chunked" if scripted.endless else f"content-length: {len(data)}"
-        lines = [f"HTTP/1.1 {scripted.status} Scripted", *(f"{k}: {v}" for k, v in headers.items()), framing]
+        # It answers one request per connection, and says so: a client that pooled the connection would
+        # race the close and could send its next request into it.
+        lines = [
+            f"HTTP/1.1 {scripted.status} Scripted",
+            *(f"{k}: {v}" for k, v in headers.items()),
+            framing,
+            "connection: close",
+        ]
         self.holding += 1
         try:
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
