@@ -139,33 +139,26 @@ def test_streaming_sends_sse_chunks_that_add_up_to_the_answer(upstream):
 
 
 @pytest.mark.slow
-def test_a_pool_of_agents_on_distinct_ports(make_upstreams):
+def test_a_pool_of_agents_on_distinct_ports_and_a_stop_leaves_no_process(make_upstreams):
+    psutil = pytest.importorskip("psutil")
     started = time.monotonic()
     pool = make_upstreams(3)
     elapsed = time.monotonic() - started
     assert len({server.port for server in pool}) == 3 and len({server.model for server in pool}) == 3
+    assert all(server.running and server.startup_s is not None for server in pool)
     answers = [chat(server).json()["choices"][0]["message"]["content"] for server in pool]
     assert len(set(answers)) > 1, answers  # different seeds, different agents
     print(f"pool of 3 ready in {elapsed:.1f} s; alone: {[round(s.startup_s or 0, 1) for s in pool]}")
 
-    # One agent goes down; the others still answer.
+    # One agent goes down, with every process it started; the others still answer.
+    process = psutil.Process(pool[0].process.pid)
+    family = [process, *process.children(recursive=True)]
     pool[0].stop()
+    assert not pool[0].running and not any(member.is_running() for member in family)
+    pool[0].stop()  # a second stop is harmless
     with client() as http, pytest.raises(httpx.ConnectError):
         http.get(f"{pool[0].base_url}/models")
     assert chat(pool[1]).status_code == 200
-
-
-@pytest.mark.slow
-def test_stop_leaves_no_process(serve_available, tiny_chat_model):
-    psutil = pytest.importorskip("psutil")
-    with UpstreamServer(tiny_chat_model) as server:
-        assert server.running and server.startup_s is not None
-        process = psutil.Process(server.process.pid)
-        family = [process, *process.children(recursive=True)]
-        print(f"server ready in {server.startup_s:.1f} s, {process.memory_info().rss / 2**20:.0f} MiB")
-    assert not server.running
-    assert not any(member.is_running() for member in family)
-    server.stop()  # a second stop is harmless
 
 
 @pytest.mark.slow
