@@ -136,7 +136,8 @@ def replica_rss_mb() -> float:
 
 
 def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> None:
-    """p50/p99 of `requests` sequential calls of each kind, interleaved."""
+    """p50/p99 of `requests` sequential calls of each kind, interleaved; then the router's own one-query
+    time on the same queries, in this process, and the gateway's two targets against it."""
     from helpers import make_queries
 
     queries = make_queries(40, seed=21)
@@ -147,12 +148,17 @@ def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> Non
             "direct to the upstream": (f"{upstream.base_url}/chat/completions", upstream.model),
             "gateway, pass-through (agent named)": (f"{gateway}/v1/chat/completions", "frontier_a"),
             "gateway, routed (benchgen-router)": (f"{gateway}/v1/chat/completions", "benchgen-router"),
+            "/v1/route, the same query": (f"{gateway}/v1/route", None),
         }
         seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
         for index in range(requests + 5):
             query = queries[index % len(queries)]
             for kind, (url, model) in kinds.items():
-                body = {"model": model, "messages": [{"role": "user", "content": query}], "max_tokens": 1}
+                body = (
+                    {"queries": [query]}
+                    if model is None
+                    else {"model": model, "messages": [{"role": "user", "content": query}], "max_tokens": 1}
+                )
                 started = time.perf_counter()
                 response = http.post(url, json=body)
                 elapsed = time.perf_counter() - started
@@ -160,14 +166,46 @@ def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> Non
                     raise SystemExit(f"{kind}: {response.status_code} {response.text[:300]}")
                 if index >= 5:  # the first calls warm connections and caches
                     seconds[kind].append(elapsed)
+    own = own_route_seconds(queries, requests)
     direct = percentiles(seconds["direct to the upstream"])
     print(f"\n{requests} sequential requests of each kind, one token asked for (max_tokens=1):\n")
     print("| path | p50 ms | p99 ms | added p50 ms | added p99 ms |\n| --- | ---: | ---: | ---: | ---: |")
     for kind, values in seconds.items():
         p50, p99 = percentiles(values)
-        added = "-" if kind.startswith("direct") else f"{p50 - direct[0]:.1f}"
-        added99 = "-" if kind.startswith("direct") else f"{p99 - direct[1]:.1f}"
+        added = "" if not kind.startswith("gateway") else f"{p50 - direct[0]:.1f}"
+        added99 = "" if not kind.startswith("gateway") else f"{p99 - direct[1]:.1f}"
         print(f"| {kind} | {p50:.1f} | {p99:.1f} | {added} | {added99} |")
+    own_p50, own_p99 = percentiles(own)
+    print(f"| the router alone, in this process (1 torch thread, as a replica) | {own_p50:.1f} | {own_p99:.1f} | | |")
+    passthrough = percentiles(seconds["gateway, pass-through (agent named)"])[0] - direct[0]
+    routed = percentiles(seconds["gateway, routed (benchgen-router)"])[0] - direct[0]
+    print(f"\n- pass-through adds {passthrough:.1f} ms p50 (target <= 2 ms: {verdict(passthrough <= 2)})")
+    print(
+        f"- routed adds {routed:.1f} ms p50, the router's own one-query time {own_p50:.1f} ms + "
+        f"{routed - own_p50:.1f} ms (target <= + 3 ms: {verdict(routed <= own_p50 + 3)})"
+    )
+
+
+def own_route_seconds(queries: list[str], requests: int) -> list[float]:
+    """The default router's time per query in this process, one query at a time, as a replica runs it."""
+    import torch
+
+    from benchgen_router.loading import load_router
+    from benchgen_router.routing import Router
+
+    torch.set_num_threads(1)
+    router = Router(*load_router(None))
+    seconds = []
+    for index in range(requests + 5):
+        started = time.perf_counter()
+        router.route([queries[index % len(queries)]], [None])
+        if index >= 5:
+            seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "missed"
 
 
 async def hold_streams(gateway: str, held: HeldUpstream, held_agent: str, count: int) -> tuple[int, list[float], float]:
