@@ -14,6 +14,7 @@ the router was trained on flatter it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -114,22 +115,14 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
     """Route the labelled prompts and score the picks (see the module docstring); InputError for
     input that does not fit (no rows, another pool, calls that miss the evaluated tasks)."""
     from benchgen_router.costs import costs_for_labelled
-    from benchgen_router.data import join_rewards, load_rows
     from benchgen_router.evaluation.metrics import evaluate_picks
     from benchgen_router.forms import FORMS, in_form
     from benchgen_router.loading import load_router
-    from benchgen_router.ood import PACKAGED_OOD_QUERIES, evaluate_guard, read_ood_queries
-    from benchgen_router.routing import operating_point_of, route_queries, tradeoff_of
+    from benchgen_router.routing import route_queries
 
     if config.ood_queries is not None and not config.ood_queries.is_file():
         raise setting_error(f"{{ood_queries}} {config.ood_queries} not found; pass a JSONL file of query, group rows.")
-    data = join_rewards(load_rows(config.rewards, "rewards"), load_rows(config.tasks, "tasks"), min_rows=1)
-    if config.split is not None:
-        rows = np.array([split == config.split for split in data.splits])
-        if not rows.any():
-            present = sorted({s for s in data.splits if s is not None})
-            raise InputError(f"no joined row has split '{config.split}' (splits present: {present or 'none'}).")
-        data = data.subset(rows)
+    data = labelled_rows(config)
     # before the router loads: calls that do not cover the evaluated tasks fail at once
     costs = None if config.calls is None else costs_for_labelled(data, config.calls, config.pool)
     model, tokenizer = load_router(
@@ -145,15 +138,7 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
             f"the router's pool {pool} is not the rewards' agent_order {data.agents}; "
             "evaluate against rewards measured for this router's agents."
         )
-    # None stands for a single-head router's only head, as in results_for
-    if config.tradeoffs:
-        if config.operating_point is not None:
-            raise InputError("--tradeoff and --operating-point exclude each other; a probability head has no points.")
-        points: list[str | None] = [tradeoff_of(model, rule) for rule in dict.fromkeys(config.tradeoffs)]
-    elif config.operating_point is not None:
-        points = [operating_point_of(model, config.operating_point)]
-    else:
-        points = list(model.config.operating_points) or [None]
+    points = evaluated_points(model, config)
     primary = model.config.operating_point if model.config.operating_point in points else points[0]
     at_point = "tradeoffs" if config.tradeoffs else "operating_points"
     rewards = data.rewards[:, [data.agents.index(agent) for agent in pool]]  # columns in logit order
@@ -190,22 +175,58 @@ def evaluate(config: EvaluateConfig) -> EvaluateReport:
     routing_gap(report, rewards, pool, routed["formatted", primary].logits, picks_at, costs_in_order)
     if costs_in_order is not None:
         place_against_fixed_agents(report, model, costs_in_order, picks_at, config)
-    queries_file = config.ood_queries or PACKAGED_OOD_QUERIES
-    if model.guards_queries and queries_file.is_file():
-        queries, groups = read_ood_queries(queries_file)
-        rows = f"the {len(data)} evaluated prompts" + (f" of split '{config.split}'" if config.split else "")
-        guard = evaluate_guard(
-            float(model.ood_threshold),
-            routed["formatted", points[0]].ood_scores,
-            route(queries).ood_scores,
-            groups,
-            rows,
-        )
-        guard["ood_queries_file"] = str(queries_file)
-        for form in FORMS:
-            guard[f"{form}_flagged_share"] = float(routed[form, points[0]].out_of_distribution.mean())
-        report.guard = guard
+    if model.guards_queries:
+        report.guard = guard_report(model, config, len(data), route, {form: routed[form, points[0]] for form in FORMS})
     return report
+
+
+def labelled_rows(config: EvaluateConfig) -> Any:
+    """The rewards joined to their tasks, only config.split's rows when it is given."""
+    from benchgen_router.data import join_rewards, load_rows
+
+    data = join_rewards(load_rows(config.rewards, "rewards"), load_rows(config.tasks, "tasks"), min_rows=1)
+    if config.split is not None:
+        rows = np.array([split == config.split for split in data.splits])
+        if not rows.any():
+            present = sorted({s for s in data.splits if s is not None})
+            raise InputError(f"no joined row has split '{config.split}' (splits present: {present or 'none'}).")
+        data = data.subset(rows)
+    return data
+
+
+def evaluated_points(model: Any, config: EvaluateConfig) -> list[str | None]:
+    """The operating points, or trade-off rules, to evaluate; None stands for a single-head router's only
+    head, as in results_for."""
+    from benchgen_router.routing import operating_point_of, tradeoff_of
+
+    if config.tradeoffs:
+        if config.operating_point is not None:
+            raise InputError("--tradeoff and --operating-point exclude each other; a probability head has no points.")
+        return [tradeoff_of(model, rule) for rule in dict.fromkeys(config.tradeoffs)]
+    if config.operating_point is not None:
+        return [operating_point_of(model, config.operating_point)]
+    return list(model.config.operating_points) or [None]
+
+
+def guard_report(
+    model: Any, config: EvaluateConfig, rows: int, route: Callable[..., Any], routed_by_form: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The guard against the OOD query set (config.ood_queries, else the packaged one; None when neither
+    is there): its AUROC and flag rates, and the share it flags of the evaluated prompts in each form."""
+    from benchgen_router.ood import PACKAGED_OOD_QUERIES, evaluate_guard, read_ood_queries
+
+    queries_file = config.ood_queries or PACKAGED_OOD_QUERIES
+    if not queries_file.is_file():
+        return None
+    queries, groups = read_ood_queries(queries_file)
+    where = f"the {rows} evaluated prompts" + (f" of split '{config.split}'" if config.split else "")
+    guard = evaluate_guard(
+        float(model.ood_threshold), routed_by_form["formatted"].ood_scores, route(queries).ood_scores, groups, where
+    )
+    guard["ood_queries_file"] = str(queries_file)
+    for form, routed in routed_by_form.items():
+        guard[f"{form}_flagged_share"] = float(routed.out_of_distribution.mean())
+    return guard
 
 
 def routing_gap(

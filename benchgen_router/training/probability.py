@@ -241,22 +241,18 @@ def train_probability(config: Any) -> Any:
     --calls/--pool, else one unit a call. No guard or operating points: the trade-off is chosen per request."""
     import time
 
-    from benchgen_router.evaluation.metrics import evaluate_picks
-    from benchgen_router.files import staging_dir, to_json
     from benchgen_router.forms import QUERY_FORMATS
     from benchgen_router.manifest import make_manifest
-    from benchgen_router.model_code import DEFAULT_TRADEOFF, canonical_query
+    from benchgen_router.model_code import canonical_query
     from benchgen_router.release.convert import Release
     from benchgen_router.release.folder import check_output_folder
-    from benchgen_router.release.report import TrainingReport
-    from benchgen_router.training.config import check_config, rewards_source
+    from benchgen_router.training.config import check_config
     from benchgen_router.training.run import (
-        RUN_FILES,
         TrainResult,
         backbone_embedder,
         export_router,
-        model_id,
         read_training_data,
+        write_run,
     )
 
     check_config(config)
@@ -274,10 +270,57 @@ def train_probability(config: Any) -> Any:
     timings["fit_seconds"] = time.perf_counter() - started
     costs = expected_costs_per_1k(None if cost_data is None else cost_data.cost_per_1k[~test], len(data.agents))
     calibration = tradeoff_calibration(head.predict(embeddings[~test]), np.asarray(costs), data.agents)
+    report = probability_report(config, data, test, how, head, embeddings, costs, embedded.truncation_length, timings)
+    settings = {"head_kind": "probability", "agent_costs_per_1k": costs, "tradeoff_calibration": calibration}
+    manifest = make_manifest(
+        agent_order=data.agents,
+        embedding_dim=int(embeddings.shape[1]),
+        head_hidden_dim=0,
+        **({"query_format": rules} if rules else {}),
+        **{key: value for key, value in report.to_dict().items() if key != "probability_head"},
+    )
+    manifest.update(settings, probability_head=report.extra["probability_head"])
+    write_run(config.output_dir, manifest, head.theta())
+    if config.export is not None:
+        release = Release(
+            agents=data.agents,
+            embedding_dim=int(embeddings.shape[1]),
+            head_hidden_dim=0,
+            head=head.theta(),
+            report=report,
+            truncation_length=embedded.truncation_length,
+            query_format=rules or None,
+            **settings,
+        )
+        export_router(config, release)
+    return TrainResult(report=report, manifest=manifest, head=head)
+
+
+def probability_report(
+    config: Any,
+    data: Any,
+    test: np.ndarray,
+    how: str,
+    head: ProbabilityHead,
+    embeddings: np.ndarray,
+    costs: list[float],
+    truncation_length: int,
+    timings: dict[str, float],
+) -> Any:
+    """The run's TrainingReport: the default rule's picks scored on the training and held-out rows, the
+    baselines, and the head's calibration on the held-out rows."""
+    from benchgen_router.evaluation.metrics import evaluate_picks
+    from benchgen_router.model_code import DEFAULT_TRADEOFF
+    from benchgen_router.release.report import TrainingReport
+    from benchgen_router.training.config import rewards_source
+    from benchgen_router.training.run import model_id
+
+    rewards = np.asarray(data.rewards, dtype=np.float64)
+    train_picks = decide(head.predict(embeddings[~test]), costs, DEFAULT_TRADEOFF)
     held_out = head.predict(embeddings[test])
     evaluation = evaluate_picks(decide(held_out, costs, DEFAULT_TRADEOFF), rewards[test], data.agents)
     theta = head.theta()
-    report = TrainingReport(
+    return TrainingReport(
         model_id=config.model_id or model_id(config.backbone_id, data.agents, theta),
         backbone_model=config.backbone_id,
         backbone_revision=config.backbone_revision,
@@ -287,16 +330,12 @@ def train_probability(config: Any) -> Any:
         n_train=int((~test).sum()),
         n_test=int(test.sum()),
         held_out=how,
-        train_reward=float(
-            rewards[~test][
-                np.arange(int((~test).sum())), decide(head.predict(embeddings[~test]), costs, DEFAULT_TRADEOFF)
-            ].mean()
-        ),
+        train_reward=float(rewards[~test][np.arange(len(train_picks)), train_picks].mean()),
         test_reward=evaluation["router"],
         baselines={key: evaluation[key] for key in ("random_agent", "best_fixed_agent", "oracle")},
         beats_best_fixed_agent=evaluation["beats_best_fixed_agent"],
         duration_seconds=round(sum(timings.values()), 3),
-        truncation_length=embedded.truncation_length,
+        truncation_length=truncation_length,
         evaluation=evaluation,
         timings={key: round(value, 3) for key, value in timings.items()},
         extra={
@@ -309,31 +348,6 @@ def train_probability(config: Any) -> Any:
             }
         },
     )
-    settings = {"head_kind": "probability", "agent_costs_per_1k": costs, "tradeoff_calibration": calibration}
-    manifest = make_manifest(
-        agent_order=data.agents,
-        embedding_dim=int(embeddings.shape[1]),
-        head_hidden_dim=0,
-        **({"query_format": rules} if rules else {}),
-        **{key: value for key, value in report.to_dict().items() if key != "probability_head"},
-    )
-    manifest.update(settings, probability_head=report.extra["probability_head"])
-    with staging_dir(config.output_dir, owned=RUN_FILES) as staging:
-        np.save(staging / "head_weights.npy", theta, allow_pickle=False)
-        (staging / "manifest.json").write_text(to_json(manifest, indent=2) + "\n", encoding="utf-8")
-    if config.export is not None:
-        release = Release(
-            agents=data.agents,
-            embedding_dim=int(embeddings.shape[1]),
-            head_hidden_dim=0,
-            head=theta,
-            report=report,
-            truncation_length=embedded.truncation_length,
-            query_format=rules or None,
-            **settings,
-        )
-        export_router(config, release)
-    return TrainResult(report=report, manifest=manifest, head=head)
 
 
 def probability_summary(report: Any) -> str:

@@ -97,7 +97,8 @@ def train(config: TrainConfig) -> TrainResult:
         **({"query_format": rules} if rules else {}),
         **report.to_dict(),
     )
-    write_run(config.output_dir, manifest, results, default, trained_guard, frontier)
+    operating_heads = None if default is None else {name: result.theta for name, result in results.items()}
+    write_run(config.output_dir, manifest, results[default].theta, operating_heads, trained_guard, frontier)
     if config.export is not None:
         export_router(
             config,
@@ -475,18 +476,23 @@ def point_reports(run: RunFigures, frontier: Any, hidden_dim: int, guarded: bool
 
 
 def write_run(
-    folder: Path, manifest: dict[str, Any], results: dict[Any, Any], default: str | None, guard: Any, frontier: Any
+    folder: str | Path,
+    manifest: dict[str, Any],
+    theta: Any,
+    operating_heads: dict[str, Any] | None = None,
+    guard: Any = None,
+    frontier: Any = None,
 ) -> None:
-    """The run folder: the release (head_weights.npy, manifest.json, the operating points' heads, the
-    guard's statistics) and the frontier's plots, replacing an earlier run's files."""
+    """The run folder, for every head kind: the release (head_weights.npy, manifest.json, the operating
+    points' heads, the guard's statistics) and the frontier's plots, replacing an earlier run's files."""
     from benchgen_router.files import staging_dir, to_json
     from benchgen_router.head import save_operating_heads
     from benchgen_router.ood import GUARD_FILE, save_guard
 
     with staging_dir(folder, owned=RUN_FILES) as staging:
-        np.save(staging / "head_weights.npy", results[default].theta.astype(np.float64), allow_pickle=False)
-        if default is not None:
-            save_operating_heads(staging / OPERATING_HEADS_FILE, {name: r.theta for name, r in results.items()})
+        np.save(staging / "head_weights.npy", np.asarray(theta, dtype=np.float64), allow_pickle=False)
+        if operating_heads:
+            save_operating_heads(staging / OPERATING_HEADS_FILE, operating_heads)
         if guard is not None:
             save_guard(staging / GUARD_FILE, guard.guard)
         if frontier is not None:
