@@ -254,6 +254,12 @@ def cli(*args: object) -> int:
         return exit_.code
 
 
+def forged_request_id(request_id: str) -> str:
+    """A served request id with its last hex digit changed, so that its signature cannot match (setting
+    the digit to a fixed value would leave one id in 16 unchanged)."""
+    return request_id[:-1] + format((int(request_id[-1], 16) + 1) % 16, "x")
+
+
 def check_result(result: dict, expected_logits: np.ndarray) -> None:
     """One pick_agent result: the documented keys, scores keyed by agent in pool order, softmax
     probabilities, and the argmax of the expected logits as the pick."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROJECT_ROOT, cli, convert_release, make_queries, write_release
+from helpers import PROJECT_ROOT, cli, convert_release, forged_request_id, make_queries, write_release
 from upstream_server import ReplayUpstream, UpstreamServer, build_tiny_chat_model
 
 httpx = pytest.importorskip("httpx")
@@ -118,7 +118,7 @@ def test_served_traffic_and_feedback_retrain_the_router(tmp_path, backbone_dir, 
                 served_by[prompt] = agent
                 scored = http.post(f"{url}/v1/feedback", json={"request_id": request_id, "score": FEEDBACK[agent]})
                 assert scored.status_code == 200, scored.text
-            forged = http.post(f"{url}/v1/feedback", json={"request_id": request_id[:-4] + "0000", "score": 1})
+            forged = http.post(f"{url}/v1/feedback", json={"request_id": forged_request_id(request_id), "score": 1})
             assert 400 <= forged.status_code < 500 and "\n" not in forged.json()["error"]["message"]
 
         # 2. Ctrl-C: every line is on disk when serve returns.

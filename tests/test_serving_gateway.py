@@ -24,7 +24,14 @@ from types import MethodType, SimpleNamespace
 
 import pytest
 
-from helpers import convert_release, make_queries, run_tool, train_probability_router, write_operating_release
+from helpers import (
+    convert_release,
+    forged_request_id,
+    make_queries,
+    run_tool,
+    train_probability_router,
+    write_operating_release,
+)
 from scripts.gateway_overhead import HeldUpstream
 from upstream_server import parse_sse
 
@@ -556,7 +563,7 @@ def test_calls_and_feedback_are_journaled_by_the_replicas(service, journal_folde
     request_id = response.headers["x-benchgen-request-id"]
     with client() as http:
         feedback = http.post(f"{service.url}/v1/feedback", json={"request_id": request_id, "score": 1})
-        forged = http.post(f"{service.url}/v1/feedback", json={"request_id": request_id[:-1] + "0", "score": 1})
+        forged = http.post(f"{service.url}/v1/feedback", json={"request_id": forged_request_id(request_id), "score": 1})
     assert feedback.status_code == 200, feedback.text
     assert is_openai_error(forged, 404)["code"] == "request_not_found"
     deadline = time.monotonic() + 30
