@@ -14,17 +14,18 @@ from helpers import run_tool
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpoint_dtype", ["float32", "bfloat16"])
 def test_loading_peak_rss_stays_near_the_weights_size(checkpoint_dtype):
-    # Qwen3-1.7B width with 2 layers and a 32k vocabulary: 0.62 GiB of float32 weights. A double
-    # materialisation would raise the peak by >= 2x the weights; one copy (plus small buffers) stays
-    # below 1.6x. From a bfloat16 checkpoint transformers 5 lets the router load unmapped and upcast
-    # tensor by tensor (below 1.3x); transformers 4 keeps the mapped file resident while it upcasts.
-    args = ["--layers", "2", "--vocab", "32000", "--checkpoint-dtype", checkpoint_dtype, "--json"]
+    # Qwen3-1.7B width with 1 layer and a 16k vocabulary: 0.31 GiB of float32 weights, large enough
+    # against what loading allocates besides. A double materialisation would raise the peak by >= 2x
+    # the weights; one copy (plus small buffers) stays below 1.6x. From a bfloat16 checkpoint
+    # transformers 5 lets the router load unmapped and upcast tensor by tensor (below 1.3x);
+    # transformers 4 keeps the mapped file resident while it upcasts.
+    args = ["--layers", "1", "--vocab", "16000", "--checkpoint-dtype", checkpoint_dtype, "--json"]
     result = run_tool("bench", "load-memory", *args)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(figures) == {"head-only", "bundled"}
     for mode, f in figures.items():
-        assert f["backbone_bytes"] > 600e6 and f["dtype"] == "torch.float32", mode
+        assert f["backbone_bytes"] > 300e6 and f["dtype"] == "torch.float32", mode
         assert 0.8 < f["ratio"] < 1.6, (mode, f)
     if checkpoint_dtype == "bfloat16" and int(transformers.__version__.split(".")[0]) >= 5:
         assert figures["head-only"]["ratio"] < 1.3, figures["head-only"]
