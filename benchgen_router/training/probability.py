@@ -280,13 +280,14 @@ def train_probability(config: Any) -> Any:
         **{key: value for key, value in report.to_dict().items() if key != "probability_head"},
     )
     manifest.update(settings, probability_head=report.extra["probability_head"])
-    write_run(config.output_dir, manifest, head.theta())
+    theta = head.theta()
+    write_run(config.output_dir, manifest, theta)
     if config.export is not None:
         release = Release(
             agents=data.agents,
             embedding_dim=int(embeddings.shape[1]),
             head_hidden_dim=0,
-            head=head.theta(),
+            head=theta,
             report=report,
             truncation_length=embedded.truncation_length,
             query_format=rules or None,
