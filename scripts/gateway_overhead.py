@@ -138,6 +138,7 @@ def replica_rss_mb() -> float:
 def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> None:
     """p50/p99 of `requests` sequential calls of each kind, interleaved; then the router's own one-query
     time on the same queries, in this process, and the gateway's two targets against it."""
+    from benchgen_router.bench.service_report import verdict
     from helpers import make_queries
 
     queries = make_queries(40, seed=21)
@@ -202,10 +203,6 @@ def own_route_seconds(queries: list[str], requests: int) -> list[float]:
         if index >= 5:
             seconds.append(time.perf_counter() - started)
     return seconds
-
-
-def verdict(met: bool) -> str:
-    return "met" if met else "missed"
 
 
 async def hold_streams(gateway: str, held: HeldUpstream, held_agent: str, count: int) -> tuple[int, list[float], float]:
