@@ -65,6 +65,19 @@ def test_throughput_mode_sets_every_variable_it_needs_with_free_haproxy_ports(mo
             probe.bind(("", port))
 
 
+def test_haproxys_ports_are_neither_the_services_own_nor_each_other(monkeypatch):
+    # The service's port and the metrics port are chosen first but bound only later, so a probe alone
+    # would find them free: three spare ports, two of them promised, leave HAProxy one and the kernel's.
+    for name in engine.HAPROXY_PORT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    spare = [engine.free_port() for _ in range(3)]
+    monkeypatch.setattr(engine, "SPARE_PORTS", spare)
+    for _ in range(20):
+        assert engine.free_port("", taken=spare[:2]) == spare[2]
+        ports = [int(mode_environment(THROUGHPUT, taken=spare[:2])[name]) for name in engine.HAPROXY_PORT_VARIABLES]
+        assert ports[0] == spare[2] and ports[1] not in spare, (ports, spare)
+
+
 def test_a_users_own_settings_are_kept_and_standard_mode_turns_both_switches_off(monkeypatch):
     monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "18404")
     monkeypatch.setenv(engine.LOG_TO_STDERR_VARIABLE, "0")

@@ -22,3 +22,17 @@ def test_a_plain_error_is_its_first_told_line():
     assert ray_failure(told) == "HAProxy failed to bind 127.0.0.1:8000"
     assert ray_failure(RuntimeError("")) == "RuntimeError"
     assert len(ray_failure(RuntimeError("x" * 1000))) == 300
+
+
+def test_haproxy_is_told_by_its_first_alert_not_its_notices():
+    told = RuntimeError(
+        "HAProxy crashed during startup: [NOTICE]   (2095) : haproxy version is 2.8.25\n"
+        "[NOTICE]   (2095) : path to executable is /bin/haproxy\n"
+        "[ALERT]    (2095) : Binding [haproxy.cfg:45] for frontend prometheus: cannot bind socket (Address "
+        "already in use) for [0.0.0.0:23850]\n"
+        "[ALERT]    (2095) : [/bin/haproxy.main()] Some protocols failed to start their listeners! Exiting."
+    )
+    assert ray_failure(told) == (
+        "HAProxy: Binding [haproxy.cfg:45] for frontend prometheus: cannot bind socket (Address already in use) "
+        "for [0.0.0.0:23850]"
+    )

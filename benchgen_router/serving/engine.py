@@ -19,7 +19,7 @@ import secrets
 import shutil
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from benchgen_router.errors import InputError
 
@@ -83,27 +83,35 @@ def choose_mode(throughput_mode: bool | None, joins_running_ray: bool) -> tuple[
     return STANDARD, problem
 
 
-def mode_environment(mode: str) -> dict[str, str]:
-    """The variables a private Ray's processes start with, for `mode`."""
+def mode_environment(mode: str, taken: Collection[int] = ()) -> dict[str, str]:
+    """The variables a private Ray's processes start with, for `mode`; HAProxy's ports are none of
+    `taken` (the service's own, not bound yet) nor each other."""
     # Explicit in both modes, so that a user's own RAY_SERVE_* settings cannot half-enable one.
     values = dict.fromkeys(MODE_VARIABLES, "1" if mode == THROUGHPUT else "0")
     if mode == THROUGHPUT:
+        taken = set(taken)
         for name in HAPROXY_PORT_VARIABLES:
+            own = os.environ.get(name)
             # HAProxy binds these on every interface, so they are probed there.
-            values[name] = os.environ.get(name) or str(free_port(""))
+            port = int(own) if own and own.isdigit() else free_port("", taken)
+            values[name] = own or str(port)
+            taken.add(port)
         values[LOG_TO_STDERR_VARIABLE] = os.environ.get(LOG_TO_STDERR_VARIABLE, "1")
     return values
 
 
 @contextlib.contextmanager
 def started_in(
-    mode: str | None, folder: str | None = None, haproxy_settings: dict[str, str] | None = None
+    mode: str | None,
+    folder: str | None = None,
+    haproxy_settings: dict[str, str] | None = None,
+    taken_ports: Collection[int] = (),
 ) -> Iterator[None]:
     """This process's environment set for `mode` while a private Ray starts (its raylet hands the
     environment to every worker it starts later), then restored; None (a Ray without Serve): as is.
     In throughput mode with a `folder`, HAProxy's files go there (serving.local_ray), and a user's own
-    HAProxy settings win over `haproxy_settings`."""
-    values = mode_environment(mode) if mode is not None else {}
+    HAProxy settings win over `haproxy_settings`. HAProxy's ports are none of `taken_ports`."""
+    values = mode_environment(mode, taken_ports) if mode is not None else {}
     if mode == THROUGHPUT and folder is not None:
         from benchgen_router.serving.local_ray import haproxy_environment
 
@@ -127,11 +135,14 @@ def started_in(
 SPARE_PORTS = range(20000, 30000)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", taken: Collection[int] = ()) -> int:
     """A TCP port nothing listens on at `host` now ("" for every interface), for another process (HAProxy,
-    Ray's metrics) to bind later: a random one of SPARE_PORTS that binds now, else one the kernel picks."""
+    Ray's metrics) to bind later: a random one of SPARE_PORTS that binds now, else one the kernel picks.
+    Not one of `taken`: ports promised to the service's other listeners, which do not listen yet."""
     for _ in range(64):
         port = SPARE_PORTS[secrets.randbelow(len(SPARE_PORTS))]
+        if port in taken:
+            continue
         with socket.socket() as probe:
             try:
                 probe.bind((host, port))

@@ -137,9 +137,11 @@ def start_ray(
     mode: str | None = None,
     local_ray: LocalRay | None = None,
     haproxy_timeouts: dict[str, str] | None = None,
+    service_port: int | None = None,
 ) -> bool:
     """Connected here: join `address`, else this process's Ray, else start a private one (address "local":
-    never someone else's) with no dashboard, its Ray Serve in `mode`, its files in `local_ray`'s folder."""
+    never someone else's) with no dashboard, its Ray Serve in `mode`, its files in `local_ray`'s folder,
+    HAProxy's own ports apart from the service's and the metrics'."""
     if ray.is_initialized():
         return False
     if address:
@@ -147,7 +149,8 @@ def start_ray(
         ray.init(address=address)
         return True
     folder = local_ray.folder if local_ray is not None else None
-    with single_machine_ray(), own_process_groups(), started_in(mode, folder, haproxy_timeouts):
+    taken = [port for port in (service_port, metrics_port) if port]
+    with single_machine_ray(), own_process_groups(), started_in(mode, folder, haproxy_timeouts, taken):
         ray.init(
             address="local",
             num_cpus=num_cpus,
@@ -483,7 +486,7 @@ def check_local_machine(host: str, port: int, cpus: int, ray_cpus: int | None, m
     """The metrics port, once this machine has the CPUs and the ports for a local Ray and the service."""
     check_cpus("replicas", cpus, ray_cpus)
     check_port_free(host, port, "the service")
-    metrics_port = metrics_port or free_port()
+    metrics_port = metrics_port or free_port(taken=(port,))
     check_port_free("127.0.0.1", metrics_port, "metrics")
     return metrics_port
 
@@ -498,7 +501,7 @@ def run_service(application: Any, plan: ServicePlan, blocking: bool) -> RunningS
         if blocking:
             sigterm.install()
         connected = start_ray(
-            plan.address, plan.num_cpus, plan.metrics_port, plan.mode, local_ray, haproxy_timeouts(plan)
+            plan.address, plan.num_cpus, plan.metrics_port, plan.mode, local_ray, haproxy_timeouts(plan), plan.port
         )
         if local_ray is not None:
             local_ray.watch()
@@ -591,12 +594,14 @@ def deploy(application: Any, plan: ServicePlan, local_ray: LocalRay | None, conn
 
 def ray_failure(err: BaseException) -> str:
     """The innermost cause of a Ray failure, in one line: a task's error wraps the real one (`cause`),
-    under lines that name the task, its pid and the traceback."""
+    under lines that name the task, its pid and the traceback. HAProxy's output tells why it did not
+    start in its first alert, after notices."""
     while isinstance(getattr(err, "cause", None), BaseException) and err.cause is not err:
         err = err.cause
     noise = ("ray::", "Traceback", "File ", "^")
     lines = [line.strip() for line in str(err).splitlines() if line.strip() and not line.strip().startswith(noise)]
-    return (lines or [type(err).__name__])[0][:300]
+    alerts = [line.split("[ALERT]", 1)[1].lstrip(" (0123456789):") for line in lines if "[ALERT]" in line]
+    return (["HAProxy: " + alerts[0]] if alerts else lines or [type(err).__name__])[0][:300]
 
 
 def probe_url(host: str, port: int) -> str:
