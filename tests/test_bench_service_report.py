@@ -10,7 +10,7 @@ import numpy as np
 from benchgen_router.bench.service_report import Row, markdown, target_lines, warning_key, warning_lines
 
 QUIET = "in-process run_router (1 torch thread), quiet"
-BATCHED = "service, throughput mode, batching on (2x1 CPU, batch 32)"
+BATCHED = "service, throughput mode, batching on (2x1 CPU, batch 64)"
 
 
 IN_PROCESS = [

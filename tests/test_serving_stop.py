@@ -63,7 +63,10 @@ class Served:
                 if request(self.url + "/healthz", timeout=30)[0] == 200:
                     return
             time.sleep(0.1)
-        raise AssertionError(f"the service did not come up: {self.log_path.read_text()[-3000:]}")
+        raise AssertionError(
+            f"the service did not come up (listening on its port: {listeners(self.port)}): "
+            f"{self.log_path.read_text()[-3000:]}"
+        )
 
     def stopped_cleanly(self) -> None:
         """Nothing it started is left, its port is free, its folder is gone."""
@@ -79,6 +82,19 @@ class Served:
         if self.child.poll() is None:
             os.killpg(self.child.pid, signal.SIGKILL)
             self.child.wait()
+
+
+def listeners(port: int) -> list[str]:
+    """The processes listening on `port`, for a failure's message."""
+    found = []
+    for connection in psutil.net_connections("tcp"):
+        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port:
+            if connection.pid is None:  # another user's process
+                found.append("a process of another user")
+                continue
+            with contextlib.suppress(psutil.Error):
+                found.append(f"{connection.pid} {' '.join(psutil.Process(connection.pid).cmdline())[:120]}")
+    return found
 
 
 def route(url: str, queries: list[str]) -> tuple[int, dict]:

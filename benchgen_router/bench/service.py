@@ -32,6 +32,7 @@ from benchgen_router.loading import load_router
 from benchgen_router.routing import run_router
 from benchgen_router.serving import free_port, serve
 from benchgen_router.serving.engine import STANDARD, THROUGHPUT, throughput_mode_problem
+from benchgen_router.serving.replica import DEFAULT_MAX_BATCH_SIZE
 
 logger = logging.getLogger("benchgen_router")
 
@@ -296,7 +297,7 @@ class ServiceBenchOptions:
     samples: int = 50
     replicas: int = 2
     threads: int = 1
-    max_batch_size: int = 32
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     batch_wait_ms: float = 0.0
     profile: bool = False
     skip_load: bool = False

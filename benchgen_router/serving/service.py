@@ -40,7 +40,7 @@ from benchgen_router.serving.gateway import DEFAULT_MAX_RESPONSE_BYTES as GATEWA
 from benchgen_router.serving.gateway import DEFAULT_TIMEOUT_S as GATEWAY_TIMEOUT_S
 from benchgen_router.serving.gateway import GatewaySettings, check_gateway_settings, names_upstreams
 from benchgen_router.serving.local_ray import LocalRay, new_local_ray, own_process_groups, stop_local_ray
-from benchgen_router.serving.replica import DEFAULT_REPLICA_CPUS
+from benchgen_router.serving.replica import DEFAULT_MAX_BATCH_SIZE, DEFAULT_REPLICA_CPUS
 from benchgen_router.upstreams import read_upstream_pool
 
 logger = logging.getLogger("benchgen_router.serving")
@@ -269,7 +269,7 @@ def build_application(
     pool: list[dict[str, Any]] | None = None,
     replicas: int = 1,
     cpus: int = DEFAULT_REPLICA_CPUS,
-    max_batch_size: int = 32,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     batch_wait_ms: float = 0.0,
     max_queries: int = DEFAULT_MAX_QUERIES,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
@@ -359,7 +359,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     replicas: int = 1,
-    max_batch_size: int = 32,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     batch_wait_ms: float = 0.0,
     pool_file: str | os.PathLike | None = None,
     address: str | None = None,
