@@ -138,6 +138,10 @@ def replica_rss_mb() -> float:
     return total / 2**20
 
 
+ROUTED_HERE = "routed in this process, then direct to the upstream"
+ROUTER_ALONE = "the router alone, in this process (1 torch thread, as a replica)"
+
+
 def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> None:
     """p50/p99 of `requests` sequential calls of each kind, interleaved, and the gateway's two targets.
 
@@ -157,10 +161,7 @@ def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> Non
             "direct to the upstream": (f"{upstream.base_url}/chat/completions", upstream.model),
             "gateway, pass-through (agent named)": (f"{gateway}/v1/chat/completions", "frontier_a"),
             "gateway, routed (benchgen-router)": (f"{gateway}/v1/chat/completions", "benchgen-router"),
-            "routed in this process, then direct to the upstream": (
-                f"{upstream.base_url}/chat/completions",
-                upstream.model,
-            ),
+            ROUTED_HERE: (f"{upstream.base_url}/chat/completions", upstream.model),
             "/v1/route, the same query": (f"{gateway}/v1/route", None),
         }
         seconds: dict[str, list[float]] = {kind: [] for kind in [*kinds, ROUTER_ALONE]}
@@ -173,7 +174,7 @@ def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> Non
                     else {"model": model, "messages": [{"role": "user", "content": query}], "max_tokens": 1}
                 )
                 started = time.perf_counter()
-                if kind.startswith("routed in this process"):
+                if kind == ROUTED_HERE:
                     router.route([query], [None])
                     routed_here = time.perf_counter()
                 response = http.post(url, json=body)
@@ -182,7 +183,7 @@ def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> Non
                     raise SystemExit(f"{kind}: {response.status_code} {response.text[:300]}")
                 if index >= 5:  # the first calls warm connections and caches
                     seconds[kind].append(elapsed)
-                    if kind.startswith("routed in this process"):
+                    if kind == ROUTED_HERE:
                         seconds[ROUTER_ALONE].append(routed_here - started)
     direct = percentiles(seconds["direct to the upstream"])
     print(f"\n{requests} sequential requests of each kind, one token asked for (max_tokens=1):\n")
@@ -194,7 +195,7 @@ def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> Non
         print(f"| {kind} | {p50:.1f} | {p99:.1f} | {added} | {added99} |")
     passthrough = percentiles(seconds["gateway, pass-through (agent named)"])[0] - direct[0]
     routed = percentiles(seconds["gateway, routed (benchgen-router)"])[0]
-    here = percentiles(seconds["routed in this process, then direct to the upstream"])[0]
+    here = percentiles(seconds[ROUTED_HERE])[0]
     alone = percentiles(seconds[ROUTER_ALONE])[0]
     print(f"\n- pass-through adds {passthrough:.1f} ms p50 (target <= 2 ms: {verdict(passthrough <= 2)})")
     routed_adds = routed - direct[0]
@@ -203,9 +204,6 @@ def latency_table(gateway: str, upstream, requests: int, held_agent: str) -> Non
         f"{routed_adds - alone:.1f} ms (target <= + 3 ms: {verdict(routed_adds <= alone + 3)}); routing in this "
         f"process, then calling the agent, takes {here:.1f} ms: the gateway {routed - here:+.1f} ms"
     )
-
-
-ROUTER_ALONE = "the router alone, in this process (1 torch thread, as a replica)"
 
 
 def one_thread_router() -> Any:
