@@ -254,6 +254,18 @@ def cli(*args: object) -> int:
         return exit_.code
 
 
+def listeners(port: int) -> list[tuple[str, str]]:
+    """(process name, address) of every socket listening on `port`."""
+    import psutil
+
+    found = []
+    for connection in psutil.net_connections("tcp"):
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
+            with contextlib.suppress(psutil.Error):
+                found.append((psutil.Process(connection.pid).name(), connection.laddr.ip))
+    return found
+
+
 def forged_request_id(request_id: str) -> str:
     """A served request id with its last hex digit changed, so that its signature cannot match (setting
     the digit to a fixed value would leave one id in 16 unchanged)."""

@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from benchgen_router.serving import free_port
-from helpers import AGENTS, PROJECT_ROOT, make_queries
+from helpers import AGENTS, PROJECT_ROOT, listeners, make_queries
 from http_client import raw_exchange, request
 
 pytest.importorskip("ray.serve")
@@ -220,16 +220,6 @@ def test_the_metrics_port_listens_on_loopback_only(served):
     port = int(wait_for_log(log_path, marker).split(marker, 1)[1].split("/", 1)[0])
     listening = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
     assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening), listening
-
-
-def listeners(port: int) -> list[tuple[str, str]]:
-    """(process name, address) of every socket listening on `port`."""
-    found = []
-    for connection in psutil.net_connections("tcp"):
-        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
-            with contextlib.suppress(psutil.Error):
-                found.append((psutil.Process(connection.pid).name(), connection.laddr.ip))
-    return found
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray Serve's HAProxy ingress ships for Linux only")

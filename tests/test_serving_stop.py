@@ -25,7 +25,7 @@ import pytest
 
 from benchgen_router.serving import free_port
 from benchgen_router.serving.local_ray import FOLDER_PREFIX
-from helpers import PROJECT_ROOT, make_queries
+from helpers import PROJECT_ROOT, listeners, make_queries
 from http_client import request
 
 pytest.importorskip("ray.serve")
@@ -82,19 +82,6 @@ class Served:
         if self.child.poll() is None:
             os.killpg(self.child.pid, signal.SIGKILL)
             self.child.wait()
-
-
-def listeners(port: int) -> list[str]:
-    """The processes listening on `port`, for a failure's message."""
-    found = []
-    for connection in psutil.net_connections("tcp"):
-        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port:
-            if connection.pid is None:  # another user's process
-                found.append("a process of another user")
-                continue
-            with contextlib.suppress(psutil.Error):
-                found.append(f"{connection.pid} {' '.join(psutil.Process(connection.pid).cmdline())[:120]}")
-    return found
 
 
 def route(url: str, queries: list[str]) -> tuple[int, dict]:
