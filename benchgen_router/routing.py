@@ -32,6 +32,10 @@ from benchgen_router.hardware import default_batch_tokens, resolve_device
 from benchgen_router.packing import collate
 
 DEFAULT_PADDED_BATCH = 16  # queries per padded batch (encoder backbones) unless the token budget is smaller
+# What one more model pass costs, in padded positions. On one CPU thread the default router spent
+# about 0.19 ms per position and 4.5 ms per pass (its weights are read from memory again every pass):
+# a split that saves more padding than this is worth a pass (docs/routing.md).
+PASS_COST_POSITIONS = 24
 ROUTER_CACHE_SIZE = 4  # routers kept loaded by pick_agent; a 1.7B backbone is several GB
 
 
@@ -64,8 +68,9 @@ def plan_batches(
 ) -> list[list[int]]:
     """Which queries (by index) go through the model together, longest first.
 
-    Padded batches (`packed` False): queries of similar length, at most `batch_size` (16 when None)
-    and at most max_batch_tokens positions once padded (always at least one query).
+    Padded batches (`packed` False): runs of the length-sorted queries, at most `batch_size` (16 when
+    None) and at most max_batch_tokens positions once padded (always at least one query), cut where
+    the padding saved outweighs another pass (padded_batches).
     Packed batches: as many queries as fill max_batch_tokens positions once benchgen_router.packing
     lays them out (rows as wide as the batch's longest query and at least PACK_WIDTH): each long
     query's row is topped up with short ones. `batch_size`, when given, also caps the queries per
@@ -83,13 +88,7 @@ def plan_batches(
     remaining = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     if not packed:
-        cap = batch_size or DEFAULT_PADDED_BATCH
-        while remaining:
-            longest = max(1, lengths[remaining[0]])
-            size = max(1, min(cap, max_batch_tokens // longest))
-            batches.append(remaining[:size])
-            remaining = remaining[size:]
-        return batches
+        return padded_batches(remaining, lengths, batch_size or DEFAULT_PADDED_BATCH, max_batch_tokens)
     while remaining:
         width = row_width([lengths[remaining[0]]])
         rows, left = pack_rows([lengths[i] for i in remaining], width, max_rows=max(1, max_batch_tokens // width))
@@ -98,6 +97,30 @@ def plan_batches(
         batches.append(batch[: len(batch) - len(over)])
         remaining = sorted(over + [remaining[j] for j in left], key=lambda i: -lengths[i])
     return batches
+
+
+def padded_batches(order: Sequence[int], lengths: Sequence[int], cap: int, max_batch_tokens: int) -> list[list[int]]:
+    """`order` (query indices, longest first) cut into consecutive batches of at most `cap` queries
+    and max_batch_tokens padded positions (a lone query always fits), choosing the cuts that minimise
+    padded positions plus PASS_COST_POSITIONS per batch: an exact dynamic programme over where the
+    last batch starts, O(len(order) x cap)."""
+    widths = [max(1, lengths[i]) for i in order]
+    best = [0.0] + [float("inf")] * len(widths)  # best[end]: cost of batching order[:end]
+    start_of = [0] * (len(widths) + 1)  # where the last batch of that best plan starts
+    for end in range(1, len(widths) + 1):
+        for start in range(end - 1, max(0, end - cap) - 1, -1):
+            size = end - start
+            if size > 1 and size * widths[start] > max_batch_tokens:  # widths[start]: the batch's longest
+                break
+            cost = best[start] + PASS_COST_POSITIONS + size * widths[start]
+            if cost < best[end]:
+                best[end], start_of[end] = cost, start
+    batches: list[list[int]] = []
+    end = len(widths)
+    while end:
+        batches.append(list(order[start_of[end] : end]))
+        end = start_of[end]
+    return batches[::-1]
 
 
 def right_padded(encoded: Any, rows: Sequence[int], pad_token_id: int, device: Any) -> dict[str, Any]:
@@ -386,9 +409,10 @@ def route_queries(
     model lays a batch's queries several to a row with no padding computed, and batches are filled
     up to max_batch_tokens positions (hardware.default_batch_tokens() when None). Other backbones
     run in length-sorted padded batches of at most `batch_size` queries (16 when None) and
-    max_batch_tokens positions. `operating_points`: one name for all, one per text, or None (the
-    router's default); queries at different points share a batch. `tradeoffs`: a probability head's
-    rule(s), the same way (None: the config's default). Raises EmptyQueryError, before the model runs,
+    max_batch_tokens positions, cut where padding would cost more than another pass.
+    `operating_points`: one name for all, one per text, or None (the router's default); queries at
+    different points share a batch. `tradeoffs`: a probability head's rule(s), the same way (None:
+    the config's default). Raises EmptyQueryError, before the model runs,
     for queries that tokenize to nothing, and ValueError for an unknown point or a bad trade-off.
     """
     return Router(model, tokenizer).run(
