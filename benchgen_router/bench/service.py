@@ -29,7 +29,7 @@ import numpy as np
 
 from benchgen_router.bench.service_report import Row, log_warnings, report_text, warning_lines
 from benchgen_router.loading import load_router
-from benchgen_router.routing import run_router
+from benchgen_router.routing import Router, run_router
 from benchgen_router.serving import free_port, serve
 from benchgen_router.serving.engine import STANDARD, THROUGHPUT, throughput_mode_problem
 from benchgen_router.serving.replica import DEFAULT_MAX_BATCH_SIZE
@@ -260,7 +260,7 @@ def py_spy_summary(role: str, path: Path) -> list[str]:
     if not path.exists():
         return [f"py-spy wrote no profile of the {role} (is py-spy installed, may it ptrace?)."]
     buckets = {
-        "model (route_queries)": ("route_queries (",),
+        "model (Router.score)": (f"{Router.score.__qualname__} (",),  # the one place every model run goes through
         "request checks": ("parse_route_body", "read_body"),
         "batch merging": ("BatchMerger", "drain (", "submit ("),
         "HTTP (uvicorn, starlette, fastapi)": ("uvicorn", "starlette", "fastapi"),
