@@ -24,9 +24,9 @@ logger = logging.getLogger("benchgen_router.serving")
 # One torch thread per CPU a replica is given: threads beyond the free cores spin waiting for cores
 # other processes hold (docs/service.md has the measurement).
 DEFAULT_REPLICA_CPUS = 1
-# Queries per model run at most. On one thread the default router costs 7.6 ms of CPU per query in
-# runs of 32, 6.6 ms in runs of 64 and 5.9 ms in runs of 256 (docs/service.md): under load, bigger runs
-# route more queries per core; an idle service's runs are as small as what queued.
+# Queries per model run at most. On one thread the default router costs 6.7-7.1 ms of CPU per query
+# in runs of 32, 6.3-6.8 ms in runs of 64 and 6.0 ms in runs of 256 (docs/routing.md): under load,
+# bigger runs route more queries per core; an idle service's runs are as small as what queued.
 DEFAULT_MAX_BATCH_SIZE = 64
 
 
