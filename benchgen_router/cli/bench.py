@@ -137,7 +137,7 @@ def add_row_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="package rows: run_router's batch_size (default: run_router's own: the token budget alone when "
-        "packed, 16 queries when padded)",
+        "packed, at most 16 queries when padded)",
     )
     add(
         "--max-batch-tokens",

@@ -70,8 +70,9 @@ def add_batching_arguments(parser: argparse.ArgumentParser | argparse._ArgumentG
         "--batch-size",
         type=positive_int,
         metavar="N",
-        help="queries per forward pass (default: as many as --max-batch-tokens holds for a decoder backbone "
-        "such as Qwen, whose queries are packed with no padding; at most 16 for other backbones)",
+        help="queries per forward pass at most (default: as many as --max-batch-tokens holds for a decoder "
+        "backbone such as Qwen, whose queries are packed with no padding; 16 for other backbones, whose "
+        "length-sorted queries are cut where padding would cost more than another pass)",
     )
     parser.add_argument(
         "--max-batch-tokens",
