@@ -156,8 +156,9 @@ def test_the_package_runs_decoder_batches_packed(converted, references):
     model.config.pack_queries = False
     assert not model.packs_queries
     padded = route_queries(model, tokenizer, QUERIES[:16]).logits
-    call = backbone.calls[1]
-    assert call["input_ids"].shape[0] == 16 and "attention_mask" in call and "position_ids" not in call
+    padded_calls = backbone.calls[1:]  # length-sorted batches, cut where padding costs more than a pass
+    assert sum(call["input_ids"].shape[0] for call in padded_calls) == 16
+    assert all("attention_mask" in call and "position_ids" not in call for call in padded_calls)
     assert np.abs(packed - padded).max() <= TOL
     expected = np.stack([references[0].pick_agent(q)["logits"] for q in QUERIES[:16]])
     assert np.abs(packed - expected).max() <= TOL
