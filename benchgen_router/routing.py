@@ -28,14 +28,10 @@ from typing import Any
 import numpy as np
 
 from benchgen_router.errors import InputError, RouterTypeError
-from benchgen_router.hardware import default_batch_tokens, resolve_device
+from benchgen_router.hardware import default_batch_tokens, pass_cost_positions, resolve_device
 from benchgen_router.packing import collate
 
 DEFAULT_PADDED_BATCH = 16  # queries per padded batch (encoder backbones) unless the token budget is smaller
-# What one more model pass costs, in padded positions. On one CPU thread the default router spent
-# about 0.19 ms per position and 4.5 ms per pass (its weights are read from memory again every pass):
-# a split that saves more padding than this is worth a pass (docs/routing.md).
-PASS_COST_POSITIONS = 24
 ROUTER_CACHE_SIZE = 4  # routers kept loaded by pick_agent; a 1.7B backbone is several GB
 
 
@@ -65,12 +61,14 @@ def plan_batches(
     batch_size: int | None = None,
     max_batch_tokens: int = 2048,
     packing: Any = None,
+    pass_cost: int | None = None,
 ) -> list[list[int]]:
     """Which queries (by index) go through the model together, longest first.
 
     Padded batches (`packed` False): runs of the length-sorted queries, at most `batch_size` (16 when
     None) and at most max_batch_tokens positions once padded (always at least one query), cut where
-    the padding saved outweighs another pass (padded_batches).
+    the padding saved outweighs another pass of `pass_cost` positions (padded_batches; None: a CPU's,
+    hardware.pass_cost_positions).
     Packed batches: as many queries as fill max_batch_tokens positions once benchgen_router.packing
     lays them out (rows as wide as the batch's longest query and at least PACK_WIDTH): each long
     query's row is topped up with short ones. `batch_size`, when given, also caps the queries per
@@ -88,7 +86,8 @@ def plan_batches(
     remaining = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     if not packed:
-        return padded_batches(remaining, lengths, batch_size or DEFAULT_PADDED_BATCH, max_batch_tokens)
+        cost = pass_cost_positions("cpu") if pass_cost is None else pass_cost
+        return padded_batches(remaining, lengths, batch_size or DEFAULT_PADDED_BATCH, max_batch_tokens, cost)
     while remaining:
         width = row_width([lengths[remaining[0]]])
         rows, left = pack_rows([lengths[i] for i in remaining], width, max_rows=max(1, max_batch_tokens // width))
@@ -99,11 +98,13 @@ def plan_batches(
     return batches
 
 
-def padded_batches(order: Sequence[int], lengths: Sequence[int], cap: int, max_batch_tokens: int) -> list[list[int]]:
+def padded_batches(
+    order: Sequence[int], lengths: Sequence[int], cap: int, max_batch_tokens: int, pass_cost: int
+) -> list[list[int]]:
     """`order` (query indices, longest first) cut into consecutive batches of at most `cap` queries
     and max_batch_tokens padded positions (a lone query always fits), choosing the cuts that minimise
-    padded positions plus PASS_COST_POSITIONS per batch: an exact dynamic programme over where the
-    last batch starts, O(len(order) x cap)."""
+    padded positions plus `pass_cost` per batch: an exact dynamic programme over where the last batch
+    starts, O(len(order) x cap)."""
     widths = [max(1, lengths[i]) for i in order]
     best = [0.0] + [float("inf")] * len(widths)  # best[end]: cost of batching order[:end]
     start_of = [0] * (len(widths) + 1)  # where the last batch of that best plan starts
@@ -112,7 +113,7 @@ def padded_batches(order: Sequence[int], lengths: Sequence[int], cap: int, max_b
             size = end - start
             if size > 1 and size * widths[start] > max_batch_tokens:  # widths[start]: the batch's longest
                 break
-            cost = best[start] + PASS_COST_POSITIONS + size * widths[start]
+            cost = best[start] + pass_cost + size * widths[start]
             if cost < best[end]:
                 best[end], start_of[end] = cost, start
     batches: list[list[int]] = []
@@ -274,7 +275,9 @@ class Router:
         packs = self.model.packs_queries
         pad = self.tokenizer.pad_token_id or 0
         with torch.inference_mode(), tqdm(total=count, desc=desc, unit="q", disable=not progress) as bar:
-            for planned in plan_batches(lengths, packs, batch_size, budget):
+            for planned in plan_batches(
+                lengths, packs, batch_size, budget, pass_cost=pass_cost_positions(weight.device)
+            ):
                 ids = [tokenized.encoded["input_ids"][rows[i]] for i in planned]
                 packed = collate(ids, pad, packs, weight.device)
                 if packed is None:  # padded (an encoder, or packing would save nothing)

@@ -14,10 +14,10 @@ import torch
 
 from benchgen_router import routing
 from benchgen_router.errors import InputError
+from benchgen_router.hardware import pass_cost_positions
 from benchgen_router.head import head_logits, theta_to_state_dict
 from benchgen_router.loading import backbone_router, load_router
 from benchgen_router.routing import (
-    PASS_COST_POSITIONS,
     EmptyQueryError,
     get_router,
     pick_agent,
@@ -210,33 +210,42 @@ def test_first_calls_from_many_threads_load_the_router_once(converted, monkeypat
     assert len(loads) == 1 and len(results) == 8 and len(set(results)) == 1
 
 
-def brute_force_padded_plan_cost(lengths: list[int], cap: int, budget: int) -> float:
-    """The least padded positions + PASS_COST_POSITIONS per batch over every way of cutting the
-    length-sorted queries into consecutive batches that keep to `cap` and `budget`."""
+def brute_force_padded_plan_cost(lengths: list[int], cap: int, budget: int, pass_cost: int) -> float:
+    """The least padded positions + pass_cost per batch over every way of cutting the length-sorted
+    queries into consecutive batches that keep to `cap` and `budget`."""
     widths = sorted(lengths, reverse=True)
     best = float("inf")
     for cuts in itertools.product([False, True], repeat=len(widths) - 1):
         bounds = [0, *(i + 1 for i, cut in enumerate(cuts) if cut), len(widths)]
         batches = [widths[a:b] for a, b in itertools.pairwise(bounds)]
         if all(len(b) <= cap and (len(b) == 1 or len(b) * b[0] <= budget) for b in batches):
-            best = min(best, sum(PASS_COST_POSITIONS + len(b) * b[0] for b in batches))
+            best = min(best, sum(pass_cost + len(b) * b[0] for b in batches))
     return best
 
 
-def test_padded_plans_cost_the_least_of_every_way_to_cut_the_sorted_queries():
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_padded_plans_cost_the_least_of_every_way_to_cut_the_sorted_queries(device):
+    pass_cost = pass_cost_positions(device)
     rng = random.Random(0)
     for _ in range(300):
         lengths = [rng.choice([1, 3, 8, 20, 21, 40, 90, 200]) for _ in range(rng.randint(1, 9))]
         cap, budget = rng.choice([1, 2, 3, 16]), rng.choice([50, 200, 10**6])
-        batches = plan_batches(lengths, packed=False, batch_size=cap, max_batch_tokens=budget)
+        batches = plan_batches(lengths, packed=False, batch_size=cap, max_batch_tokens=budget, pass_cost=pass_cost)
         assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
         order = [i for batch in batches for i in batch]
         assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
-        cost = sum(PASS_COST_POSITIONS + len(batch) * max(lengths[i] for i in batch) for batch in batches)
+        cost = sum(pass_cost + len(batch) * max(lengths[i] for i in batch) for batch in batches)
         assert all(
             len(batch) <= cap and (len(batch) == 1 or len(batch) * lengths[batch[0]] <= budget) for batch in batches
         )
-        assert cost == brute_force_padded_plan_cost(lengths, cap, budget), (lengths, cap, budget, batches)
+        assert cost == brute_force_padded_plan_cost(lengths, cap, budget, pass_cost), (lengths, cap, budget, batches)
+
+
+def test_a_gpu_pays_padding_before_another_pass_and_a_cpu_does_not():
+    lengths = [300, 10, 120, 130, 5, 250, 90]
+    gpu = plan_batches(lengths, packed=False, max_batch_tokens=10**6, pass_cost=pass_cost_positions("cuda"))
+    assert gpu == [[0, 5, 3, 2, 6, 1, 4]]
+    assert plan_batches(lengths, packed=False, max_batch_tokens=10**6) == [[0], [5], [3, 2], [6], [1, 4]]
 
 
 def test_padded_batches_are_bounded_by_the_token_budget_whatever_the_batch_size():
