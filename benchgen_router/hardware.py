@@ -109,15 +109,15 @@ def default_batch_tokens(device: Any, dtype: Any) -> int:
     return 2048 if dtype == torch.float32 else 4096
 
 
-def pass_cost_positions(device: Any) -> int:
+def pass_cost_positions(device: Any) -> int | None:
     """What one more forward pass costs, in padded positions, when padded batches are cut
     (routing.padded_batches). On a CPU a pass reads every weight from memory again: on one thread
     the default router spent about 0.19 ms per position and 4.5 ms per pass, so a cut that saves more
-    than 24 positions pays (docs/routing.md). On a GPU a pass is mostly kernel launches, which a
-    batch's padding rarely outweighs; unmeasured, so there batches are as few as the cap allows."""
+    than 24 positions pays (docs/routing.md). None on a GPU, where a pass is mostly kernel launches
+    and the cost is unmeasured: there batches are filled up to the cap, in one linear sweep."""
     import torch
 
-    return 24 if torch.device(device).type == "cpu" else 1_000_000
+    return 24 if torch.device(device).type == "cpu" else None
 
 
 def available_cpus() -> int:

@@ -61,14 +61,14 @@ def plan_batches(
     batch_size: int | None = None,
     max_batch_tokens: int = 2048,
     packing: Any = None,
-    pass_cost: int | None = None,
+    device: Any = "cpu",
 ) -> list[list[int]]:
     """Which queries (by index) go through the model together, longest first.
 
     Padded batches (`packed` False): runs of the length-sorted queries, at most `batch_size` (16 when
-    None) and at most max_batch_tokens positions once padded (always at least one query), cut where
-    the padding saved outweighs another pass of `pass_cost` positions (padded_batches; None: a CPU's,
-    hardware.pass_cost_positions).
+    None) and at most max_batch_tokens positions once padded (always at least one query). On a CPU
+    they are cut where the padding saved outweighs another pass (padded_batches); on other devices,
+    each is filled up to the cap (hardware.pass_cost_positions).
     Packed batches: as many queries as fill max_batch_tokens positions once benchgen_router.packing
     lays them out (rows as wide as the batch's longest query and at least PACK_WIDTH): each long
     query's row is topped up with short ones. `batch_size`, when given, also caps the queries per
@@ -86,8 +86,15 @@ def plan_batches(
     remaining = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     if not packed:
-        cost = pass_cost_positions("cpu") if pass_cost is None else pass_cost
-        return padded_batches(remaining, lengths, batch_size or DEFAULT_PADDED_BATCH, max_batch_tokens, cost)
+        cap = batch_size or DEFAULT_PADDED_BATCH
+        pass_cost = pass_cost_positions(device)
+        if pass_cost is not None:
+            return padded_batches(remaining, lengths, cap, max_batch_tokens, pass_cost)
+        while remaining:
+            size = max(1, min(cap, max_batch_tokens // max(1, lengths[remaining[0]])))
+            batches.append(remaining[:size])
+            remaining = remaining[size:]
+        return batches
     while remaining:
         width = row_width([lengths[remaining[0]]])
         rows, left = pack_rows([lengths[i] for i in remaining], width, max_rows=max(1, max_batch_tokens // width))
@@ -275,9 +282,7 @@ class Router:
         packs = self.model.packs_queries
         pad = self.tokenizer.pad_token_id or 0
         with torch.inference_mode(), tqdm(total=count, desc=desc, unit="q", disable=not progress) as bar:
-            for planned in plan_batches(
-                lengths, packs, batch_size, budget, pass_cost=pass_cost_positions(weight.device)
-            ):
+            for planned in plan_batches(lengths, packs, batch_size, budget, device=weight.device):
                 ids = [tokenized.encoded["input_ids"][rows[i]] for i in planned]
                 packed = collate(ids, pad, packs, weight.device)
                 if packed is None:  # padded (an encoder, or packing would save nothing)

@@ -223,14 +223,13 @@ def brute_force_padded_plan_cost(lengths: list[int], cap: int, budget: int, pass
     return best
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_padded_plans_cost_the_least_of_every_way_to_cut_the_sorted_queries(device):
-    pass_cost = pass_cost_positions(device)
+def test_padded_plans_on_a_cpu_cost_the_least_of_every_way_to_cut_the_sorted_queries():
+    pass_cost = pass_cost_positions("cpu")
     rng = random.Random(0)
     for _ in range(300):
         lengths = [rng.choice([1, 3, 8, 20, 21, 40, 90, 200]) for _ in range(rng.randint(1, 9))]
         cap, budget = rng.choice([1, 2, 3, 16]), rng.choice([50, 200, 10**6])
-        batches = plan_batches(lengths, packed=False, batch_size=cap, max_batch_tokens=budget, pass_cost=pass_cost)
+        batches = plan_batches(lengths, packed=False, batch_size=cap, max_batch_tokens=budget)
         assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
         order = [i for batch in batches for i in batch]
         assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
@@ -241,11 +240,21 @@ def test_padded_plans_cost_the_least_of_every_way_to_cut_the_sorted_queries(devi
         assert cost == brute_force_padded_plan_cost(lengths, cap, budget, pass_cost), (lengths, cap, budget, batches)
 
 
-def test_a_gpu_pays_padding_before_another_pass_and_a_cpu_does_not():
+def test_padded_batches_on_a_gpu_are_filled_up_to_the_cap_and_the_budget():
+    """Where a pass's cost is unmeasured (hardware.pass_cost_positions is None), length-sorted
+    batches are filled in one sweep, as before batches were cut by cost."""
     lengths = [300, 10, 120, 130, 5, 250, 90]
-    gpu = plan_batches(lengths, packed=False, max_batch_tokens=10**6, pass_cost=pass_cost_positions("cuda"))
-    assert gpu == [[0, 5, 3, 2, 6, 1, 4]]
-    assert plan_batches(lengths, packed=False, max_batch_tokens=10**6) == [[0], [5], [3, 2], [6], [1, 4]]
+    assert pass_cost_positions("cuda") is None and pass_cost_positions("cpu") == 24
+    assert plan_batches(lengths, packed=False, max_batch_tokens=10**6, device="cuda") == [[0, 5, 3, 2, 6, 1, 4]]
+    assert plan_batches(lengths, packed=False, batch_size=3, max_batch_tokens=10**6, device="cuda") == [
+        [0, 5, 3],
+        [2, 6, 1],
+        [4],
+    ]
+    assert plan_batches(lengths, packed=False, max_batch_tokens=600, device="cuda") == [[0, 5], [3, 2, 6, 1], [4]]
+    assert plan_batches(lengths, packed=False, max_batch_tokens=1, device="cuda") == [
+        [i] for i in [0, 5, 3, 2, 6, 1, 4]
+    ]
 
 
 def test_padded_batches_are_bounded_by_the_token_budget_whatever_the_batch_size():
