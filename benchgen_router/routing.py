@@ -420,8 +420,8 @@ def route_queries(
     max_batch_tokens positions, cut where padding would cost more than another pass.
     `operating_points`: one name for all, one per text, or None (the router's default); queries at
     different points share a batch. `tradeoffs`: a probability head's rule(s), the same way (None:
-    the config's default). Raises EmptyQueryError, before the model runs,
-    for queries that tokenize to nothing, and ValueError for an unknown point or a bad trade-off.
+    the config's default). Raises EmptyQueryError, before the model runs, for queries that tokenize
+    to nothing, and ValueError for an unknown point or a bad trade-off.
     """
     return Router(model, tokenizer).run(
         texts,

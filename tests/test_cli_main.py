@@ -124,6 +124,16 @@ def test_benchmark_options_reach_the_benchmark_named_and_bench_alone_is_routing_
     assert (args.benchmark, args.layers, args.queries) == (None, 4, 16)
 
 
+def test_the_commands_run_as_many_queries_per_model_run_as_the_library_does():
+    """The commands name the default themselves, so that --help imports no torch: it must be the library's."""
+    from benchgen_router.cli.main import build_parser
+    from benchgen_router.serving.replica import DEFAULT_MAX_BATCH_SIZE
+
+    parser, _ = build_parser()
+    assert parser.parse_args(["serve"]).max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    assert parser.parse_args(["bench", "service"]).max_batch_size == DEFAULT_MAX_BATCH_SIZE
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--samples", type=positive_int, default=50, help="one-query in-process calls timed (default 50)")
     add("--replicas", type=positive_int, default=2, help="service replicas (default 2)")
     add("--threads", type=positive_int, default=1, help="CPUs (= torch threads) per replica (default 1)")
+    # serving.replica.DEFAULT_MAX_BATCH_SIZE, named here so that --help imports no torch
     add("--max-batch-size", type=positive_int, default=64, help="dynamic batching's batch size when on (default 64)")
     add("--batch-wait-ms", type=float, default=0.0, help="how long a batch waits for more (default 0)")
     add("--profile", action="store_true", help="add a CPU-time breakdown (and py-spy shares when installed)")

@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     add("--port", type=port_number, default=8000, help="port to listen on (default: %(default)s)")
     add("--replicas", type=positive_int, default=1, help="router replicas, one CPU each (default: %(default)s)")
+    # serving.replica.DEFAULT_MAX_BATCH_SIZE, named here so that --help imports no torch
     add("--max-batch-size", type=positive_int, default=64, help="queries per forward pass (default: %(default)s)")
     add(
         "--batch-wait-ms",

@@ -91,11 +91,10 @@ def mode_environment(mode: str, taken: Collection[int] = ()) -> dict[str, str]:
     if mode == THROUGHPUT:
         taken = set(taken)
         for name in HAPROXY_PORT_VARIABLES:
-            own = os.environ.get(name)
             # HAProxy binds these on every interface, so they are probed there.
-            port = int(own) if own and own.isdigit() else free_port("", taken)
-            values[name] = own or str(port)
-            taken.add(port)
+            values[name] = os.environ.get(name) or str(free_port("", taken))
+            if values[name].isdigit():
+                taken.add(int(values[name]))
         values[LOG_TO_STDERR_VARIABLE] = os.environ.get(LOG_TO_STDERR_VARIABLE, "1")
     return values
 
