@@ -94,8 +94,8 @@ def test_long_file_with_a_pool_is_priced_per_token(tmp_path, capsys):
         (
             {"o.csv": b"prompt,model,correct\nq,a,1\nq,b,yes\nr,a,1\n"},
             ["--long", "o.csv"],
-            "o.csv: prompt 'r' (line 4) has no row for model 'b'; every prompt needs one row per model, or pass "
-            "--drop-incomplete to leave such prompts out.",
+            "o.csv: prompt 'r' (line 4) has no row for model 'b'; every task needs one row per model, or pass "
+            "--drop-incomplete to leave such tasks out.",
         ),
         (
             {"o.csv": b"prompt,model,correct\nq,a,0.5\nq,b,1\n"},

@@ -2,13 +2,16 @@
 
     benchgen-router import --routellm mmlu/responses --contaminated mmlu/contaminated_prompts.jsonl --output-dir mmlu/
     benchgen-router import --long outcomes.csv --pool agents.json --output-dir data/
+    benchgen-router import --long outcomes.csv --prompts questions.jsonl --id-column question_id --output-dir data/
     benchgen-router train --rewards data/rewards.jsonl --tasks data/tasks.jsonl --calls data/calls.jsonl ...
 
 --routellm reads RouteLLM's response CSVs (files or folders of *.csv): a prompt column and one
 True/False column per model; a file's stem is its tasks' task_group. --long reads one row per
 (prompt, model) from CSV, TSV or JSON lines, its columns found among the usual names (NVIDIA's
 question,model,isCorrect,output_tokens and LLMRouter's query,model_name,performance,... need no
-flags) or named by the --*-column flags. Prompts on a --contaminated list are dropped. Cost per
+flags) or named by the --*-column flags; with --prompts, each row names its task by id (--id-column) and
+the prompt and group come from the prompts file, as per-sample evaluation logs keep them. Prompts on a
+--contaminated list are dropped. Cost per
 call: the file's cost column, else its tokens at the --pool prices or each agent's --call-cost, else
 1 per call (a count of calls, said so in the summary). Writes tasks.jsonl, rewards.jsonl and
 calls.jsonl into --output-dir, all three or none. Details: docs/import.md.
@@ -97,6 +100,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ):
         long.add_argument(f"--{name}-column", metavar="NAME", help=usual)
     long.add_argument(
+        "--prompts",
+        type=Path,
+        metavar="FILE",
+        help="the tasks' prompts (.jsonl, .csv or .tsv), one row per id: the outcomes name only the id",
+    )
+    long.add_argument(
+        "--id-column",
+        metavar="NAME",
+        help="--prompts: the id column both files have (default: question_id, task_id, doc_id, sample_id or id)",
+    )
+    long.add_argument(
         "--latency-unit", choices=("ms", "s"), default="ms", help="unit of --latency-column (default: ms)"
     )
     long.add_argument(
@@ -129,8 +143,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         )
         if getattr(args, f"{name}_column") is not None
     ]
-    if args.routellm and (long_only or args.correct_at is not None or args.drop_incomplete):
-        parser.error("the --*-column, --correct-at and --drop-incomplete flags are for --long")
+    if args.routellm and (long_only or args.correct_at is not None or args.drop_incomplete or args.prompts):
+        parser.error("the --*-column, --correct-at, --drop-incomplete and --prompts flags are for --long")
+    if args.id_column is not None and args.prompts is None:
+        parser.error("--id-column names the id --prompts is joined on; pass --prompts FILE too")
     if args.latency_unit != "ms" and args.latency_column is None:
         parser.error("--latency-unit is the unit of --latency-column; pass both (usual columns carry their unit)")
     if args.call_cost and args.pool is not None:
@@ -148,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         LongColumns,
         read_contaminated,
         read_long_outcomes,
+        read_prompts,
         read_routellm_csvs,
         with_call_costs,
         with_prices,
@@ -171,11 +188,13 @@ def run(args: argparse.Namespace) -> int:
             latency=args.latency_column,
             latency_unit=args.latency_unit,
             response=args.response_column,
+            id=args.id_column,
         )
+        prompts = None if args.prompts is None else read_prompts(args.prompts, columns)
         outcomes = read_long_outcomes(
-            args.long, columns, args.correct_at, contaminated, args.drop_incomplete, dataset=args.dataset
+            args.long, columns, args.correct_at, contaminated, args.drop_incomplete, args.dataset, prompts
         )
-        files = str(args.long)
+        files = str(args.long) if prompts is None else f"{args.long} and {args.prompts}"
     if args.limit is not None:
         outcomes = outcomes.head(args.limit)
     if args.pool is not None:
