@@ -81,6 +81,7 @@ class RouterConfig(PretrainedConfig):
         head_kind: str = "cmaes",
         agent_costs_per_1k: list[float] | None = None,
         tradeoff_calibration: dict[str, Any] | None = None,
+        tradeoff: str | None = None,
         **kwargs: Any,
     ) -> None:
         if isinstance(text_config, dict):
@@ -108,6 +109,7 @@ class RouterConfig(PretrainedConfig):
         self.head_kind = head_kind
         self.agent_costs_per_1k = None if agent_costs_per_1k is None else [float(c) for c in agent_costs_per_1k]
         self.tradeoff_calibration = tradeoff_calibration
+        self.tradeoff = tradeoff  # a probability head's rule when a query names none (None: DEFAULT_TRADEOFF)
         kwargs.setdefault("auto_map", dict(AUTO_MAP))  # the files and classes transformers loads the router with
         kwargs.setdefault("custom_pipelines", {"text-classification": dict(PIPELINE)})
         super().__init__(**kwargs)
@@ -156,8 +158,9 @@ class RouterConfig(PretrainedConfig):
         return self.agent_costs_per_1k or [1000.0] * len(self.id2label)
 
     def tradeoff_rule(self, tradeoff: str | None) -> tuple[str, float, int]:
-        """The rule `decide` applies for `tradeoff` (None: DEFAULT_TRADEOFF), budgets resolved through
-        `tradeoff_calibration`; a ValueError for a CMA-ES head or a bad spelling."""
+        """The rule `decide` applies for `tradeoff` (None: the config's `tradeoff`, else DEFAULT_TRADEOFF),
+        budgets resolved through `tradeoff_calibration`; a ValueError for a CMA-ES head or a bad spelling."""
+        tradeoff = tradeoff or self.tradeoff
         if self.head_kind != "probability":
             if tradeoff is None:
                 return ("argmax", 0.0, -1)
@@ -165,8 +168,19 @@ class RouterConfig(PretrainedConfig):
                 f"tradeoff={tradeoff!r} needs a probability head; this router's head is CMA-ES (head_kind "
                 "'cmaes'), whose trade-offs are its operating points: pass operating_point=... instead."
             )
-        form, value, agent = parse_tradeoff(tradeoff or DEFAULT_TRADEOFF, self.agent_order, self.costs_per_1k)
+        form, value, agent = parse_tradeoff(self.default_tradeoff(tradeoff), self.agent_order, self.costs_per_1k)
         return resolve_tradeoff(form, value, agent, self.tradeoff_calibration, self.agent_order[agent])
+
+    def default_tradeoff(self, tradeoff: str | None = None) -> str:
+        """The rule a query is decided by: its own, else the config's `tradeoff`, else DEFAULT_TRADEOFF."""
+        return tradeoff or self.tradeoff or DEFAULT_TRADEOFF
+
+    def check_settings(self) -> None:
+        """The choices a config alone can refuse, before any weights load: the operating point and, for a
+        probability head, the default trade-off (each a ValueError naming the valid forms)."""
+        self.check_operating_point(self.operating_point)
+        if self.tradeoff is not None:
+            self.tradeoff_rule(self.tradeoff)
 
     @property
     def has_ood_guard(self) -> bool:

@@ -135,7 +135,7 @@ class RouterModel(PreTrainedModel):
 
     def __init__(self, config: RouterConfig, backbone: PreTrainedModel | None = None) -> None:
         super().__init__(config)
-        config.check_operating_point(config.operating_point)  # from_pretrained(..., operating_point=...) sets it
+        config.check_settings()  # from_pretrained(..., operating_point=..., tradeoff=...) sets them
         if backbone is None:  # fresh or bundled: from_pretrained builds this on the meta device, then loads
             self.backbone = AutoModel.from_config(config.text_config)
         shape = (config.embedding_dim, len(config.id2label), config.head_hidden_dim)
@@ -329,6 +329,7 @@ class RouterModel(PreTrainedModel):
         router_kwargs = {k: kwargs[k] for k in ("revision", "subfolder", *_HUB_KWARGS) if k in kwargs}
         if not isinstance(config, PretrainedConfig):
             config = RouterConfig.from_pretrained(config or pretrained_model_name_or_path, **router_kwargs)
+        config.check_settings()  # a mistyped operating point or trade-off fails before any weights load
         dtype, legacy = kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)  # 4.x's name
         if dtype is not None and legacy is not None and dtype != legacy:
             raise ValueError(f"dtype={dtype!r} and torch_dtype={legacy!r} disagree; pass only dtype.")

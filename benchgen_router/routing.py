@@ -371,8 +371,6 @@ class Router:
             raise InputError("the router produced NaN or infinite scores; its head or backbone weights are broken.")
         probability_head = getattr(self.config, "head_kind", "cmaes") == "probability"
         if probability_head:
-            from benchgen_router.model_code import DEFAULT_TRADEOFF
-
             probabilities = 1.0 / (1.0 + np.exp(-scores))
         else:
             shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
@@ -386,7 +384,7 @@ class Router:
                 "logits": {agent: float(x) for agent, x in zip(agents, scores[row], strict=True)},
             }
             if probability_head:
-                result["tradeoff"] = (routed.tradeoffs[row] if routed.tradeoffs else None) or DEFAULT_TRADEOFF
+                result["tradeoff"] = self.config.default_tradeoff(routed.tradeoffs[row] if routed.tradeoffs else None)
             if routed.operating_points[row] is not None:
                 result["operating_point"] = routed.operating_points[row]
             if routed.ood_scores is not None:

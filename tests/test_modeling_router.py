@@ -687,3 +687,20 @@ def test_a_bad_operating_point_fails_when_the_router_loads(decision_router, kwar
 def test_a_single_head_router_refuses_an_operating_point_at_load(converted):
     with pytest.raises(ValueError, match="single head and no operating points"):
         AutoModel.from_pretrained(converted[0][0], trust_remote_code=True, operating_point="quality")
+
+
+def test_an_unknown_operating_point_fails_before_the_backbone_loads(operating_router, tmp_path):
+    """A mistyped point is refused from config.json alone: with the backbone unreachable (offline, or a
+    3 GB download away) the error names the point and the router's points, not the backbone."""
+    folder, _ = operating_router
+    moved = tmp_path / "router"
+    moved.mkdir()
+    for file in folder.iterdir():
+        (moved / file.name).write_bytes(file.read_bytes())
+    config = json.loads((moved / "config.json").read_text())
+    config["backbone_name_or_path"] = str(tmp_path / "no-such-backbone")
+    (moved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"'cheap' is not one of this router's: balanced, fast, quality"):
+        AutoModel.from_pretrained(moved, trust_remote_code=True, operating_point="cheap")
+    with pytest.raises(OSError, match="no-such-backbone"):
+        AutoModel.from_pretrained(moved, trust_remote_code=True, operating_point="fast")

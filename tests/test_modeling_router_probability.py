@@ -210,3 +210,30 @@ def test_evaluate_at_each_tradeoff_scores_the_literal_picks(trained, tmp_path, c
         assert f"at trade-off '{rule}'" in printed
     assert cli("evaluate", *args, "--tradeoff", "budget=2") == 2
     assert cli("evaluate", *args, "--tradeoff", "lambda=0.2", "--operating-point", "quality") == 2
+
+
+def test_a_default_tradeoff_from_pretrained_decides_and_a_bad_one_fails_before_the_backbone_loads(trained, tmp_path):
+    """from_pretrained(..., tradeoff=RULE) sets the rule a query without one is decided by; a bad rule (or
+    operating point) is refused from the config alone: with the backbone unreachable, the error names the
+    rule, not the backbone."""
+    _, router, prompts, _ = trained
+    weight, bias, config = saved_head(router)
+    model = AutoModel.from_pretrained(router, trust_remote_code=True, tradeoff="lambda=0.5")
+    tokenizer = AutoTokenizer.from_pretrained(router, trust_remote_code=True)
+    output = model(**tokenizer(prompts[:24], return_tensors="pt", padding=True))
+    probabilities = 1 / (1 + np.exp(-(output.embeddings.numpy().astype(np.float64) @ weight.T + bias)))
+    expected = literal_lambda(probabilities, np.asarray(config["agent_costs_per_1k"]), 0.5)
+    assert output.picks.tolist() == expected.tolist()
+
+    unreachable = tmp_path / "router"
+    unreachable.mkdir()
+    for file in router.iterdir():
+        (unreachable / file.name).write_bytes(file.read_bytes())
+    config["backbone_name_or_path"] = str(tmp_path / "no-such-backbone")
+    (unreachable / "config.json").write_text(json.dumps(config))
+    with pytest.raises(OSError, match="no-such-backbone"):  # the folder is right: only the backbone is missing
+        AutoModel.from_pretrained(unreachable, trust_remote_code=True)
+    with pytest.raises(ValueError, match=r"tradeoff|lambda|tolerance"):
+        AutoModel.from_pretrained(unreachable, trust_remote_code=True, tradeoff="lambda=cheap")
+    with pytest.raises(ValueError, match="no operating points; drop operating_point='fast'"):
+        AutoModel.from_pretrained(unreachable, trust_remote_code=True, operating_point="fast")
