@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,18 @@ def set_threads(threads: int | None) -> int:
         raise InputError(f"threads must be at least 1, got {count}.")
     torch.set_num_threads(count)
     return count
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread for a block of small matrix products (fitting a head, sweeping a rule): extra
+    threads only slow them on a busy machine, and one thread keeps the order of sums fixed, so a seed gives
+    one result run after run."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

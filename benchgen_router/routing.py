@@ -489,7 +489,7 @@ def recalibrate(
     """Recalibrate a probability head's budget rules on a sample of your own traffic: sets and returns
     `model.config.tradeoff_calibration` (save it with model.save_pretrained). Budgets then hold on
     traffic like `texts` rather than on the training sample."""
-    from benchgen_router.training.probability import tradeoff_calibration
+    from benchgen_router.tradeoffs import tradeoff_calibration
 
     if getattr(model.config, "head_kind", "cmaes") != "probability":
         raise InputError("only a probability head (head_kind 'probability') has budget rules to recalibrate.")

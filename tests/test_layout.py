@@ -113,3 +113,27 @@ def test_the_package_itself_imports_no_moved_path() -> None:
         for name in modules:
             importlib.import_module(name)
     assert not old_paths & set(sys.modules), sorted(old_paths & set(sys.modules))
+
+
+# The modules a query passes through, from loading a router to its decision (and the service around it).
+INFERENCE_PATH = ("routing", "loading", "embeddings", "tradeoffs", "files", "packing", "hardware", "model_code")
+
+
+def test_the_inference_path_imports_nothing_from_training() -> None:
+    """Routing, serving and the trade-off rules never import the trainer, at the top of a module or inside
+    a function: it would close a circle (embeddings -> routing -> training -> embeddings) and load the
+    training code into every service replica."""
+    import ast
+    from pathlib import Path
+
+    import benchgen_router
+
+    package = Path(benchgen_router.__file__).parent
+    files = [package / f"{name}.py" for name in INFERENCE_PATH] + sorted((package / "serving").glob("*.py"))
+    offenders = []
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            offenders += [f"{file.name}: {name}" for name in names if name.startswith("benchgen_router.training")]
+    assert not offenders

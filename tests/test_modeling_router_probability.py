@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
-from test_probability import literal_lambda, literal_tolerance
+from test_tradeoffs import literal_lambda, literal_tolerance
 from transformers import AutoModel, AutoTokenizer, pipeline
 
 from helpers import AGENTS, cli, make_queries, probability_training, run_tool

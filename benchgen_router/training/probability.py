@@ -2,30 +2,30 @@
 
     head = fit_probability_head(embeddings, correct)          # (n, D) float32, (n, N) in [0, 1]
     probabilities = head.predict(embeddings)                   # (n, N)
-    picks = decide(probabilities, costs_per_1k, "budget=0.3")  # the rule of docs/tradeoff.md, numpy or torch
+    picks = decide(probabilities, costs_per_1k, "budget=0.3")  # tradeoffs.decide: the rule of docs/tradeoff.md
 
 One logistic regression per agent over the same pooled embedding as the CMA-ES head (a linear layer and
 a sigmoid, so it travels in the same checkpoint), L2-regularised with a strength chosen per agent by
 inner cross-validation on held-out log loss. Rewards in [0, 1] are soft labels. The decision rule itself
-is the model code's (`RouterConfig.tradeoff_rule` and `decide` in modeling_router.py): this module
-calls it, so a benchmark, the trainer and the router pick alike.
+is the model code's (`RouterConfig.tradeoff_rule` and `decide` in modeling_router.py), applied to numpy
+arrays by `benchgen_router.tradeoffs`, so a benchmark, the trainer and the router pick alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from benchgen_router.hardware import one_thread
+from benchgen_router.tradeoffs import decide, tradeoff_calibration
 
 # L2 strengths tried per agent (on standardised features, loss averaged over rows), strongest first so
 # that a tie in held-out log loss keeps the simpler model.
 STRENGTHS = (1.0, 0.1, 0.01, 1e-3, 1e-4)
 INNER_FOLDS = 3
 CALIBRATION_BINS = 10
-LAMBDA_GRID_SIZE = 200
 
 
 @dataclass
@@ -92,20 +92,6 @@ def _fit_with_inner_cv(
     return ProbabilityHead(weight.astype(np.float32), bias.astype(np.float32), chosen)
 
 
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """torch on one thread while fitting: the steps are small matrix products, which extra threads slow
-    down on a busy machine, and one thread keeps the order of sums fixed, so a seed gives one head run after run."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _fit(z: Any, targets: Any, strengths: Any, start: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
     """Minimise, for every agent at once (the loss is a sum over agents), the mean binary cross-entropy
     plus strength/2 * |w|^2 (the bias unpenalised) with L-BFGS from `start` (else zeros); float64, deterministic."""
@@ -160,60 +146,6 @@ def calibration_report(probabilities: np.ndarray, correct: np.ndarray, agents: l
     report = {"rows": len(p), "pooled": summary(p.ravel(), y.ravel())}
     report["agents"] = {agent: summary(p[:, j], y[:, j]) for j, agent in enumerate(agents)}
     return report
-
-
-def tradeoff_calibration(probabilities: np.ndarray, costs_per_1k: np.ndarray, agents: list[str]) -> dict[str, Any]:
-    """What the budget rules need (config.tradeoff_calibration), from a sample of traffic's probabilities:
-    each agent's margin (its probability minus the best other agent's) at the quantile levels, and the
-    cost per 1,000 queries of the `lambda` rule at a grid of lambdas, from 0 up to one at which every
-    query goes to the cheapest agent (a probability gap is at most 1)."""
-    import torch
-
-    from benchgen_router.config_checks import QUANTILE_LEVELS
-    from benchgen_router.model_code import decide as decide_rule
-
-    p = np.asarray(probabilities, dtype=np.float64)
-    costs = np.asarray(costs_per_1k, dtype=np.float64)
-    margins = {}
-    for j, agent in enumerate(agents):
-        others = np.delete(p, j, axis=1).max(axis=1) if len(agents) > 1 else np.zeros(len(p))
-        margins[agent] = [float(v) for v in np.quantile(p[:, j] - others, QUANTILE_LEVELS)]
-    gaps = np.diff(np.unique(costs))
-    top = 2.0 / gaps.min() if len(gaps) else 1.0
-    lambdas = [0.0, *np.geomspace(top * 1e-5, top, LAMBDA_GRID_SIZE - 1).tolist()]
-    tensor, cost_tensor = torch.from_numpy(p), torch.from_numpy(costs)
-    with one_thread():  # 200 small argmaxes: extra threads only cost here
-        picks = [decide_rule(tensor, cost_tensor, ("lambda", lam, -1)).numpy() for lam in lambdas]
-    spend = [float(costs[chosen].mean()) for chosen in picks]
-    return {"rows": len(p), "margins": margins, "lambdas": lambdas, "cost_per_1k": spend}
-
-
-def decide(
-    probabilities: Any,
-    costs_per_1k: Any,
-    tradeoff: str,
-    calibration: dict[str, Any] | None = None,
-    agents: list[str] | None = None,
-) -> Any:
-    """Picks (n,) for (n, N) probabilities, numpy or torch (the result is the same kind), under
-    `tradeoff` as a router applies it (docs/tradeoff.md). The budget forms use `calibration`
-    (tradeoff_calibration of a traffic sample; None: calibrated on `probabilities` themselves).
-    `agents` names the pool for `budget=X@AGENT` (default "0", "1", ...). ValueError for a bad spelling."""
-    import torch
-
-    from benchgen_router.model_code import decide as decide_rule
-    from benchgen_router.model_code import parse_tradeoff, resolve_tradeoff
-
-    as_numpy = not isinstance(probabilities, torch.Tensor)
-    p = torch.as_tensor(np.asarray(probabilities, dtype=np.float64)) if as_numpy else probabilities
-    costs = np.asarray(costs_per_1k.cpu() if isinstance(costs_per_1k, torch.Tensor) else costs_per_1k, dtype=np.float64)
-    names = list(agents) if agents is not None else [str(j) for j in range(p.shape[1])]
-    form, value, agent = parse_tradeoff(tradeoff, names, costs.tolist())
-    if form in ("budget", "usd-per-1k") and calibration is None:
-        calibration = tradeoff_calibration(p.detach().cpu().double().numpy(), costs, names)
-    rule = resolve_tradeoff(form, value, agent, calibration, names[agent])
-    picks = decide_rule(p, torch.from_numpy(costs), rule)
-    return picks.numpy() if as_numpy else picks
 
 
 def expected_costs_per_1k(cost_per_1k: np.ndarray | None, agents: int) -> list[float]:
