@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("ray.serve")
 
-from benchgen_router.serving.call_usage import StreamUsage, cost_headers, plausible_usage
+from benchgen_router.serving.call_usage import MAX_SCANNED_LINE_BYTES, StreamUsage, cost_headers, plausible_usage
 from benchgen_router.upstreams import Upstream
 
 
@@ -38,3 +40,21 @@ def test_a_streams_usage_is_read_as_its_bytes_pass():
     last.feed(b'data: {"usage": {"prompt_tokens": 1, "completion_tokens": 1}}')  # no newline before the end
     last.finish()
     assert last.usage == {"prompt_tokens": 1, "completion_tokens": 1}
+
+
+def test_a_stream_without_line_ends_is_scanned_in_linear_time_and_bounded_memory():
+    """64-byte chunks and no line end, as a hostile upstream streams them: each byte is handled once (it took
+    seconds when each chunk copied the line so far), at most MAX_SCANNED_LINE_BYTES are kept, and a line past
+    that bound is not scanned, not even its tail, while the next line is."""
+    usage = StreamUsage()
+    filler = b"x" * 64
+    started = time.perf_counter()
+    for _ in range((4 * MAX_SCANNED_LINE_BYTES + (2 << 20)) // 64):
+        usage.feed(filler)
+        assert len(usage.pending) <= MAX_SCANNED_LINE_BYTES
+    seconds = time.perf_counter() - started
+    assert seconds < 1.0, f"{seconds:.2f} s for {4 * MAX_SCANNED_LINE_BYTES + (2 << 20)} bytes"
+    usage.feed(b'data: {"usage": {"prompt_tokens": 666, "completion_tokens": 666}}\n')  # the long line's tail
+    assert usage.usage is None
+    usage.feed(b'data: {"usage": {"prompt_tokens": 3, "completion_tokens": 4}}\n\n')
+    assert usage.usage == {"prompt_tokens": 3, "completion_tokens": 4}

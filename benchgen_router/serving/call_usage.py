@@ -17,8 +17,9 @@ from benchgen_router.upstreams import Upstream
 
 logger = logging.getLogger("benchgen_router.serving")
 
-# A stream's line longer than this is no usage event; dropped rather than buffered.
-MAX_EVENT_BYTES = 1 << 20
+# A usage event is a few hundred bytes: a stream's line longer than this is relayed, but not kept for
+# scanning (bounded memory, and linear time however a stream is cut).
+MAX_SCANNED_LINE_BYTES = 64 << 10
 # Usage past these is no real call's (a hostile or broken upstream): dropped from the metrics and the
 # cost header, and counted apart, so that no series can be poisoned or overflow.
 MAX_TOKENS_PER_CALL = 10_000_000
@@ -85,20 +86,35 @@ class StreamUsage:
     in a final chunk when asked (stream_options.include_usage), as transformers serve does from 5.25."""
 
     def __init__(self) -> None:
-        self.pending = b""
+        self.pending = bytearray()  # the line so far; appended to, never copied whole per chunk
+        self.overlong = False  # the line so far is past MAX_SCANNED_LINE_BYTES: skipped up to its end
         self.usage: dict[str, Any] | None = None
 
     def feed(self, chunk: bytes) -> None:
-        lines = (self.pending + chunk).split(b"\n")
-        self.pending = lines.pop()
-        if len(self.pending) > MAX_EVENT_BYTES:
-            self.pending = b""
-        for line in lines:
-            self.read_line(line)
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            self.extend(chunk, start, end)
+            if not self.overlong:
+                self.read_line(bytes(self.pending))
+            self.pending.clear()
+            self.overlong = False
+            start = end + 1
+        self.extend(chunk, start, len(chunk))
+
+    def extend(self, chunk: bytes, start: int, end: int) -> None:
+        if self.overlong:
+            return
+        if len(self.pending) + end - start > MAX_SCANNED_LINE_BYTES:
+            self.overlong = True
+            self.pending.clear()
+        else:
+            self.pending += chunk[start:end]
 
     def finish(self) -> None:
-        self.read_line(self.pending)
-        self.pending = b""
+        if not self.overlong:
+            self.read_line(bytes(self.pending))
+        self.pending.clear()
+        self.overlong = False
 
     def read_line(self, line: bytes) -> None:
         if line.startswith(b"data:") and b'"usage"' in line:
