@@ -16,14 +16,20 @@ import numpy as np
 
 from benchgen_router.hardware import one_thread
 
-LAMBDA_GRID_SIZE = 200  # lambdas a `usd-per-1k` budget is resolved over
+LAMBDA_GRID_SIZE = 200  # lambdas of the geometric grid a `usd-per-1k` budget is resolved over
+MAX_LAMBDAS = 400  # the grid and the points added where its spend drops steeply
+SPEND_STEP = 0.02  # a step of the grid that drops the spend by more than this share of it is split
+SMALLEST_GAP = 1e-4  # the least probability gap the lambda grid resolves
 
 
 def tradeoff_calibration(probabilities: np.ndarray, costs_per_1k: np.ndarray, agents: list[str]) -> dict[str, Any]:
     """What the budget rules need (config.tradeoff_calibration), from a sample of traffic's probabilities:
     each agent's margin (its probability minus the best other agent's) at the quantile levels, and the
-    cost per 1,000 queries of the `lambda` rule at a grid of lambdas, from 0 up to one at which every
-    query goes to the cheapest agent (a probability gap is at most 1)."""
+    cost per 1,000 queries of the `lambda` rule at a grid of lambdas: 0, then geometric from one at which
+    a probability gap of 1e-4 outweighs the pool's whole price spread, up to one at which every query
+    goes to the cheapest agent (a probability gap is at most 1, so twice the inverse of the closest two
+    prices). A pool of many agents has prices close together and far apart at once: the grid spans both,
+    so a budget between the cheapest and the dearest agent finds a lambda whose spend is close to it."""
     import torch
 
     from benchgen_router.config_checks import QUANTILE_LEVELS
@@ -37,11 +43,30 @@ def tradeoff_calibration(probabilities: np.ndarray, costs_per_1k: np.ndarray, ag
         margins[agent] = [float(v) for v in np.quantile(p[:, j] - others, QUANTILE_LEVELS)]
     gaps = np.diff(np.unique(costs))
     top = 2.0 / gaps.min() if len(gaps) else 1.0
-    lambdas = [0.0, *np.geomspace(top * 1e-5, top, LAMBDA_GRID_SIZE - 1).tolist()]
+    low = min(SMALLEST_GAP / np.ptp(costs), top) if len(gaps) else top
     tensor, cost_tensor = torch.from_numpy(p), torch.from_numpy(costs)
-    with one_thread():  # 200 small argmaxes: extra threads only cost here
-        picks = [decide_rule(tensor, cost_tensor, ("lambda", lam, -1)).numpy() for lam in lambdas]
-    spend = [float(costs[chosen].mean()) for chosen in picks]
+
+    def spend_at(lam: float) -> float:
+        return float(costs[decide_rule(tensor, cost_tensor, ("lambda", lam, -1)).numpy()].mean())
+
+    with one_thread():  # many small argmaxes: extra threads only cost here
+        lambdas = [0.0, *np.geomspace(low, top, LAMBDA_GRID_SIZE - 1).tolist()]
+        spend = [spend_at(lam) for lam in lambdas]
+        # Where one step of the grid drops the spend by more than SPEND_STEP of it, add the geometric
+        # midpoint, until every step is that fine or the table is full: spend falls steeply with lambda
+        # where many queries sit near a switch between two agents.
+        while len(lambdas) < MAX_LAMBDAS:
+            steep = [
+                i
+                for i in range(1, len(lambdas) - 1)
+                if spend[i] - spend[i + 1] > SPEND_STEP * spend[i] and lambdas[i + 1] > lambdas[i] * (1 + 1e-9)
+            ]
+            if not steep:
+                break
+            for i in reversed(steep[: MAX_LAMBDAS - len(lambdas)]):
+                middle = float(np.sqrt(lambdas[i] * lambdas[i + 1]))
+                lambdas.insert(i + 1, middle)
+                spend.insert(i + 1, spend_at(middle))
     return {"rows": len(p), "margins": margins, "lambdas": lambdas, "cost_per_1k": spend}
 
 

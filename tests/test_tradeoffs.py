@@ -78,3 +78,21 @@ def test_torch_in_torch_out_and_bad_spellings(fitted) -> None:
         with pytest.raises(ValueError, match="tolerance=T") as info:
             decide(p, COSTS, bad, agents=AGENTS)
         assert "\n" not in str(info.value)
+
+
+def test_a_budget_over_many_agents_with_close_prices_is_met_closely() -> None:
+    """29 agents priced 0.02 to 0.6, two of them 1e-5 apart: the lambda grid spans both scales, so a
+    `usd-per-1k` budget between the cheapest and the dearest agent is spent closely and never exceeded on the
+    calibration sample. (A grid from 1e-5 of its top began at lambda 2, where a price gap of 0.1 already
+    outweighs every probability gap, and sent every budget to the cheapest agents.)"""
+    rng = np.random.default_rng(3)
+    costs = np.sort(rng.uniform(0.02, 0.6, 29))
+    costs[5] = costs[4] + 1e-5
+    quality = np.linspace(0.2, 0.75, 29)  # dearer agents are better on average
+    probabilities = np.clip(quality + rng.normal(0, 0.05, (4000, 29)), 0, 1)
+    agents = [f"agent{j}" for j in range(29)]
+    calibration = tradeoff_calibration(probabilities, costs, agents)
+    top = costs[decide(probabilities, costs, "lambda=0")].mean()
+    for budget in np.linspace(costs.min() * 1.5, top * 0.9, 12).tolist():
+        spent = costs[decide(probabilities, costs, f"usd-per-1k={budget!r}", calibration, agents)].mean()
+        assert 0.9 * budget <= spent <= budget
