@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from benchgen_router.collect import Answer, CollectConfig, calls_row, collect, rewards_row, tally
+from benchgen_router.collect.asking import STOPPED_AT_COST_CAP
 from benchgen_router.collect.chat import RetryPolicy, retry_after_seconds
 from benchgen_router.collect.formats import CALL_FIELDS, dump_row, task_from_row
-from benchgen_router.collect.run import STOPPED_AT_COST_CAP, call_record
+from benchgen_router.collect.outputs import call_record
 from benchgen_router.errors import InputError, Terminated, raise_terminated
 from benchgen_router.upstreams import Upstream
 from helpers import NO_PILOT, PILOT
@@ -485,16 +486,16 @@ def test_a_stalled_upstream_times_out(tmp_path, one_task, stalled_upstream_url):
 def test_a_hostile_answer_is_graded_beside_the_loop(tmp_path, one_task, monkeypatch):
     """ "The answer" + 100,000 spaces + "is 42" took 8.6 s on the event loop with a quadratic pattern; now
     it is graded in a worker thread (math-verify's answers stay on the main thread, for its time limits)."""
-    from benchgen_router.collect import run
+    from benchgen_router.collect import asking
 
     graded_on: list[bool] = []
-    original = run.call_record
+    original = asking.call_record
 
     def recording(*args: object) -> dict:
         graded_on.append(threading.current_thread() is threading.main_thread())
         return original(*args)
 
-    monkeypatch.setattr(run, "call_record", recording)
+    monkeypatch.setattr(asking, "call_record", recording)
     hostile = {
         **OK_BODY,
         "choices": [{**OK_BODY["choices"][0], "message": {"content": "The answer" + " " * 100_000 + "is 42"}}],

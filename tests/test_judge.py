@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchgen_router.collect import CollectConfig, collect
+from benchgen_router.collect.asking import STOPPED_AT_COST_CAP
 from benchgen_router.collect.judge import (
     GENERAL_TEMPLATE,
     REFERENCE_TEMPLATE,
@@ -21,7 +22,6 @@ from benchgen_router.collect.judge import (
     judge_messages,
     parse_rating,
 )
-from benchgen_router.collect.run import STOPPED_AT_COST_CAP
 from benchgen_router.costs import load_cost_data
 from benchgen_router.data import join_rewards
 from benchgen_router.errors import InputError
