@@ -117,6 +117,29 @@ def test_a_tasks_file_that_is_not_utf8_is_refused_before_anything_is_written(inp
     assert sorted(path.name for path in inputs.iterdir()) == ["pool.json", "tasks.jsonl"]  # no journal, no output
 
 
+@pytest.mark.parametrize(
+    ("encoding", "expected"),
+    [
+        ("utf-16", "is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8; save it as UTF-8"),
+        ("utf-16-be", "is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8; save it as UTF-8"),
+        ("utf-32", "is UTF-32 (it starts with a UTF-32 byte-order mark), not UTF-8; save it as UTF-8"),
+    ],
+)
+def test_a_tasks_file_with_a_byte_order_mark_is_named_for_what_it_is(inputs, encoding, expected, capsys):
+    """Windows editors save UTF-16 with a byte-order mark as "Unicode": the line says which encoding the file
+    is in and how to save it, not that its first line is not valid JSON. (UTF-8 with a mark is read.)"""
+    text = json.dumps({"task_id": "t", "prompt": "p", "answer": "1", "grader": "numeric_match"}) + "\n"
+    data = text.encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data  # Python's utf-16-be writes no mark; an editor saving big-endian does
+    (inputs / "tasks.jsonl").write_bytes(data)
+    assert cli("collect", *collect_args(inputs), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert expected in err and "not valid JSON" not in err and len(err.strip().splitlines()) == 1, err
+    assert str(inputs / "tasks.jsonl") in err
+    assert sorted(path.name for path in inputs.iterdir()) == ["pool.json", "tasks.jsonl"]
+
+
 def test_an_unset_key_variable_is_named(inputs, capsys):
     document = json.loads((inputs / "pool.json").read_text())
     document["agents"][0]["api_key_env"] = "COLLECT_CLI_TEST_UNSET"

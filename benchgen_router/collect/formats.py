@@ -25,6 +25,7 @@ of the answers they were served, per agent that served them. Their rewards rows 
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -163,6 +164,7 @@ def read_tasks(path: str, limit: int | None = None, judge: bool = False) -> list
     """The first `limit` tasks of a tasks file (all without a limit), checked; task ids must be unique.
     Each grader used is run once, so a missing dependency (math-verify) is reported before any call.
     `judge`: a judge is at hand, so tasks may ask for it (task_from_row)."""
+    _check_not_utf16(Path(path))
     rows = read_jsonl(path, "tasks file")
     _check_utf8(Path(path))
     rows = rows if limit is None else rows[:limit]
@@ -185,6 +187,32 @@ def read_tasks(path: str, limit: int | None = None, judge: bool = False) -> list
     for grader in sorted({task.grader for task in tasks} - {JUDGE_GRADER}):
         grade(grader, "0", "0")
     return tasks
+
+
+# Byte-order marks of the encodings a tasks file is saved in by mistake (Windows editors call UTF-16
+# "Unicode"); UTF-32's little-endian mark begins with UTF-16's, so it is tried first.
+BYTE_ORDER_MARKS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def _check_not_utf16(path: Path) -> None:
+    """Refuse a file saved as UTF-16 or UTF-32, saying so (read as UTF-8, its first line is no JSON). A
+    file that cannot be opened is left to read_jsonl, which names the problem."""
+    try:
+        with path.open("rb") as file:
+            start = file.read(4)
+    except OSError:
+        return
+    for mark, encoding in BYTE_ORDER_MARKS:
+        if start.startswith(mark):
+            raise InputError(
+                f"tasks file {path} is {encoding} (it starts with a {encoding} byte-order mark), not UTF-8; save it "
+                f"as UTF-8 (iconv -f {encoding} -t UTF-8 {path} > tasks.utf8.jsonl)."
+            )
 
 
 def _check_utf8(path: Path) -> None:
