@@ -82,7 +82,7 @@ def answers_of(base_url: str, model: str, prompts: list[str]) -> list[str]:
 
 def test_served_traffic_and_feedback_retrain_the_router(tmp_path, backbone_dir, serve_available):
     from benchgen_router.serving import free_port
-    from benchgen_router.serving.journal import read_journal
+    from benchgen_router.serving.journal_reading import read_journal
 
     models = {agent: build_tiny_chat_model(tmp_path / f"model-{agent}", seed=seed) for seed, agent in enumerate(AGENTS)}
     manifest, weights = write_release(tmp_path / "release", 32, seed=3, backbone=str(backbone_dir), agents=AGENTS)
@@ -124,7 +124,7 @@ def test_served_traffic_and_feedback_retrain_the_router(tmp_path, backbone_dir, 
         # 2. Ctrl-C: every line is on disk when serve returns.
         os.killpg(served.pid, signal.SIGINT)
         assert served.wait(timeout=120) == 130
-        calls = list(read_journal(journal))
+        calls = read_journal(journal).calls
         assert [(call["text"], call["agent"]) for call in calls] == [(p, served_by[p]) for p in PROMPTS]
         assert [[item["score"] for item in call["feedback"]] for call in calls] == [
             [FEEDBACK[served_by[p]]] for p in PROMPTS

@@ -555,7 +555,7 @@ def metric_sum(text: str, name: str, **tags: str) -> float:
 def test_calls_and_feedback_are_journaled_by_the_replicas(service, journal_folder):
     """serve(journal=...): a routed answer carries its request id, feedback on it is taken, and both
     lines reach the journal's folder, written by the replica."""
-    from benchgen_router.serving.journal import read_journal
+    from benchgen_router.serving.journal_reading import read_journal
 
     folder = journal_folder
     response = chat(service.url, content=QUERIES[1], max_tokens=2)
@@ -568,7 +568,7 @@ def test_calls_and_feedback_are_journaled_by_the_replicas(service, journal_folde
     assert is_openai_error(forged, 404)["code"] == "request_not_found"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        calls = {call["request_id"]: call for call in read_journal(folder)} if folder.is_dir() else {}
+        calls = {call["request_id"]: call for call in read_journal(folder).calls} if folder.is_dir() else {}
         if calls.get(request_id, {}).get("feedback"):
             break
         time.sleep(0.2)

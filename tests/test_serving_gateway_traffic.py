@@ -15,7 +15,7 @@ import pytest
 from test_serving_gateway_hostile import AppServer, answered, build_router, make_service, pool_of
 
 from benchgen_router.serving.gateway import GatewaySettings
-from benchgen_router.serving.journal import read_journal
+from benchgen_router.serving.journal_reading import read_journal
 from helpers import make_queries
 from upstream_server import MisbehavingUpstream, Scripted
 
@@ -148,7 +148,7 @@ def test_every_call_is_journaled_once_and_feedback_lands_beside_it(journal_apps,
     second = {"request_id": sent[3][2], "score": 0.25, "comment": "too short"}
     assert post(app, "/v1/feedback", second).status_code == 200
     app.stop_replica()  # the journal is closed with the replica: every line is on disk
-    calls = {call["request_id"]: call for call in read_journal(folder)}
+    calls = {call["request_id"]: call for call in read_journal(folder).calls}
     assert list(calls) == [request_id for _, _, request_id, _ in sent]
     for model, stream, request_id, agent in sent:
         call = calls[request_id]
@@ -180,7 +180,7 @@ def test_with_journal_text_the_text_and_comment_are_kept(journal_apps, upstream)
     request_id = response.headers["x-benchgen-request-id"]
     assert post(app, "/v1/feedback", {"request_id": request_id, "score": 0, "comment": "wrong"}).status_code == 200
     app.stop_replica()
-    (call,) = read_journal(folder)
+    (call,) = read_journal(folder).calls
     assert call["text"] == "hi" and call["feedback"][0]["comment"] == "wrong"
 
 

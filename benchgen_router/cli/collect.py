@@ -245,7 +245,14 @@ def _sample_line(sample: Any) -> str:
     if sample.reused:
         return f"journal: {sample.sampled} prompts sampled before, kept in {sample.tasks} (--resume)"
     shares = ", ".join(f"{agent} {count}" for agent, count in sample.by_agent.items())
+    left_out = (  # what the journal held that cannot be a task; named only when there is some
+        (sample.truncated, "cut by the gateway"),
+        (sample.damaged_lines, "damaged lines"),
+        (sample.repeated_calls, f"repeated request ids ({sample.conflicting_ids} with another text)"),
+    )
+    skipped = "".join(f"{count} {what} (skipped), " for count, what in left_out if count)
     return (
-        f"journal: {sample.calls} calls, {sample.without_text} without text, {sample.prompts} distinct prompts; "
+        f"journal: {sample.calls} calls, {sample.without_text} without text, {skipped}{sample.prompts} distinct "
+        "prompts; "
         f"sampled {sample.sampled} ({shares}; {sample.with_feedback} with feedback) into {sample.tasks}"
     )

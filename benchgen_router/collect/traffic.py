@@ -7,7 +7,9 @@
   (a crash, or a file a live gateway is writing) is skipped with one warning, and feedback is joined to
   its call by request id across every process's files (feedback sent to another replica included).
 - Only calls journaled with their text (`serve --journal-text`) can be asked again; one prompt is kept
-  per distinct text (its salted hash), however often users sent it.
+  per distinct text (its salted hash), however often users sent it. A text the gateway cut (it routes on
+  and journals at most 65,536 characters: `text_truncated`) is not the prompt the user sent, so it is
+  skipped and counted, as are damaged lines and repeated request ids (serving/journal_reading.py).
 - The sample is stratified by the agent that answered each prompt (its latest call): the agents take
   equal shares, each a seeded random draw of its prompts, and an agent with fewer prompts than its share
   leaves the rest to the others. Traffic as served mirrors the current router's own picks: mostly the
@@ -34,7 +36,8 @@ from benchgen_router.collect.judge import JudgeAsker
 from benchgen_router.collect.run import Asker, CollectConfig, CollectResult, collect
 from benchgen_router.errors import InputError, setting_error
 from benchgen_router.files import atomic_output
-from benchgen_router.serving.journal import read_journal
+from benchgen_router.serving.journal import TEXT_MAX_CHARS, text_truncated
+from benchgen_router.serving.journal_reading import JournalReading, read_journal
 from benchgen_router.upstreams import read_upstream_pool
 
 logger = logging.getLogger("benchgen_router.collect")
@@ -82,10 +85,14 @@ class JournalSample:
     tasks: Path
     calls: int  # journaled calls read
     without_text: int  # of which journaled without their text (not usable)
+    truncated: int  # of which with a text the gateway cut (not the prompt sent: skipped)
     prompts: int  # distinct prompts with text
     sampled: int  # tasks written (or reused)
     by_agent: Mapping[str, int]  # sampled prompts per answering agent
     with_feedback: int  # sampled prompts with at least one feedback score
+    damaged_lines: int = 0  # journal lines skipped: damaged, or text that is not valid UTF-8
+    repeated_calls: int = 0  # call lines skipped: their request id is an earlier line's
+    conflicting_ids: int = 0  # of those ids, the ones repeated with another text (named in the log)
     reused: bool = False  # the tasks file of an earlier run, kept for --resume (the journal is not read)
 
 
@@ -93,16 +100,28 @@ def _score(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
 
 
-def traffic_prompts(folder: Path) -> tuple[list[TrafficPrompt], int, int]:
-    """The journal's distinct prompts with text, oldest first by their latest call; the number of calls
-    read; and of those, the number journaled without their text."""
+@dataclass
+class TrafficPrompts:
+    """The journal's distinct prompts with text, oldest first by their latest call, and what was read."""
+
+    prompts: list[TrafficPrompt]
+    reading: JournalReading
+    without_text: int  # calls journaled without their text
+    truncated: int  # calls whose text the gateway cut
+
+
+def traffic_prompts(folder: Path) -> TrafficPrompts:
+    """The journal's distinct prompts with their whole text, and the counts of the calls left out."""
+    reading = read_journal(folder)
     prompts: dict[str, TrafficPrompt] = {}
-    calls = without_text = 0
-    for call in read_journal(folder):
-        calls += 1
+    without_text = truncated = 0
+    for call in reading.calls:
         text, digest = call.get("text"), call.get("text_sha256")
         if not isinstance(text, str) or not text.strip() or not isinstance(digest, str):
             without_text += 1
+            continue
+        if call.get("text_truncated") is True or text_truncated(text):  # a line from before the mark, too
+            truncated += 1
             continue
         prompt = prompts.pop(digest, None) or TrafficPrompt(digest, text)
         prompts[digest] = prompt  # re-inserted: the dict stays in order of each prompt's latest call
@@ -113,7 +132,7 @@ def traffic_prompts(folder: Path) -> tuple[list[TrafficPrompt], int, int]:
         scores = [item["score"] for item in call.get("feedback", ()) if _score(item.get("score"))]
         if scores and isinstance(agent, str):  # a user who scored an answer twice meant the later score
             prompt.feedback.setdefault(agent, []).append(float(scores[-1]))
-    return list(prompts.values()), calls, without_text
+    return TrafficPrompts(list(prompts.values()), reading, without_text, truncated)
 
 
 def stratified_sample(prompts: Sequence[TrafficPrompt], size: int, seed: int) -> list[TrafficPrompt]:
@@ -134,10 +153,16 @@ def stratified_sample(prompts: Sequence[TrafficPrompt], size: int, seed: int) ->
 
 def write_journal_tasks(source: JournalSource, tasks: Path) -> JournalSample:
     """Sample `source` and write the prompts as judged tasks to `tasks`, atomically."""
-    prompts, calls, without_text = traffic_prompts(Path(source.folder))
+    found = traffic_prompts(Path(source.folder))
+    prompts, calls = found.prompts, len(found.reading.calls)
+    if not prompts and found.truncated:
+        raise InputError(
+            f"journal {source.folder} holds no whole prompt: of its {calls} calls, {found.truncated} have a text the "
+            f"gateway cut at {TEXT_MAX_CHARS:,} characters and {found.without_text} none; collect asks prompts as sent."
+        )
     if not prompts:
         raise InputError(
-            f"journal {source.folder} holds no prompt text: {without_text} of its {calls} calls were journaled "
+            f"journal {source.folder} holds no prompt text: {found.without_text} of its {calls} calls were journaled "
             "without it (by default the gateway stores a salted hash only); serve with --journal-text to store "
             "the text of new calls, then collect from them."
         )
@@ -157,11 +182,15 @@ def write_journal_tasks(source: JournalSource, tasks: Path) -> JournalSample:
     return JournalSample(
         tasks=tasks,
         calls=calls,
-        without_text=without_text,
+        without_text=found.without_text,
+        truncated=found.truncated,
         prompts=len(prompts),
         sampled=len(chosen),
         by_agent=dict(sorted(by_agent.items())),
         with_feedback=sum(bool(prompt.feedback) for prompt in chosen),
+        damaged_lines=found.reading.damaged_lines,
+        repeated_calls=found.reading.repeated_calls,
+        conflicting_ids=len(found.reading.conflicting_ids),
     )
 
 
@@ -171,6 +200,7 @@ def _reused_sample(tasks: Path) -> JournalSample:
         tasks=tasks,
         calls=0,
         without_text=0,
+        truncated=0,
         prompts=len(rows),
         sampled=len(rows),
         by_agent={},

@@ -1,60 +1,95 @@
-"""The traffic journal: one JSON line per gateway call and per feedback, in size-rotated files.
+"""The traffic journal: one JSON line per gateway call and per feedback, in files kept within a budget
+of bytes and of days.
 
 `TrafficJournal` is the writer the gateway holds. Recording puts the line on a queue and returns; one
-background thread writes it, so the event loop never waits on a disk. A full disk or an unwritable
-folder is one warning and a count (`write_failures`), never an exception in the caller: the journal
-must not cost an answer.
+background thread writes it, so the event loop never waits on a disk. A line that cannot be written is
+dropped and counted, never an exception in the caller: the journal must not cost an answer.
 
-The folder may be shared by several processes (replicas, restarts):
+Files. The folder may be shared by several processes (replicas, restarts); each appends to its own
+files, so lines never interleave: calls to `calls-<host>-<pid>-<n>.jsonl`, feedback to
+`feedback-<host>-<pid>-<n>.jsonl`. A file is finished when the next line would take it past an eighth
+of its kind's budget (at most 64 MiB), or when it is a day old, and the next one is started.
 
-- each process appends to its own files, `calls-<host>-<pid>-<n>.jsonl`, so lines never interleave;
-  a file grows to `max_file_bytes`, then the next is started, and the folder keeps at most `max_files`
-  finished files (the oldest are removed; a file a live writer holds locked is never removed);
-- the folder's key, `.key` (32 random bytes, mode 0600, created once, whole, by whichever process comes
-  first), signs request ids, so that any process on the folder recognises an id another one issued
-  (feedback sent to another replica, or after a restart) and refuses a forged one;
-- the same key salts the hash of the routed text (`text_sha256`): one prompt hashes the same in every
-  process, for deduplication, while the hash is useless to guess prompts without the key. The text
-  itself is stored only with `keep_text`, because prompts are users' data.
+Retention (`Retention`): when a file is started, and every ten minutes, a finished file whose last
+line is older than `max_days` is removed, and each kind is brought within its own share of `max_bytes`
+by removing its oldest finished files: calls keep three quarters, feedback one quarter. So feedback,
+however much of it comes, only ever pushes out older feedback, never the calls `collect --from-journal`
+reads. A file that a live writer holds (locked) is never removed. Removed files are counted (by kind
+and reason) and logged.
 
-Each line is one write() to a file opened for appending, made as soon as the writer thread takes it
-from the queue; a write that fails halfway is cut back, and the file is synced whenever the queue runs
-empty and on close(). A killed process loses the lines still queued (none, or the one being written,
-unless the disk lags behind the traffic) and a machine crash what was not yet synced; an earlier line
-is never corrupted.
-`read_journal` reads a folder back: it skips an unfinished last line with one warning naming file and
-line, and joins each feedback to its call by request id, across files.
+Feedback is bounded: FEEDBACK_PER_REQUEST lines per request id (a user who rates an answer, changes
+their mind a few times, or a client that retries); more is refused and counted (`feedback_refused`).
+
+The folder's key, `.key` (32 random bytes, mode 0600, created once, whole, by whichever process comes
+first), signs request ids, so that any process on the folder recognises an id another one issued
+(feedback sent to another replica, or after a restart) and refuses a forged one; it also salts the
+hash of the routed text (`text_sha256`): one prompt hashes the same in every process, for
+deduplication, while the hash is useless to guess prompts without the key. The text itself is stored
+only with `keep_text`, because prompts are users' data, and at most TEXT_MAX_CHARS of it, the most the
+gateway routes on: a text that long is marked `text_truncated`, since its end may be missing.
+
+Failures. Each line is one write() to a file opened for appending; a write that fails halfway is cut
+back. A failed write (a full disk) never starts a new file, so it never makes retention remove one:
+the writer keeps its file and tries the next line there. The first failure is one ERROR in the log,
+writing again one WARNING; meanwhile `failure` says why and `write_failures` counts the lines lost.
+A killed process loses the lines still queued and a machine crash what was not yet synced (the files
+are synced whenever the queue runs empty, and on close()); an earlier line is never corrupted.
+The reader is serving/journal_reading.py.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import fcntl
 import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import queue
 import re
 import secrets
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.errors import InputError
+from benchgen_router.errors import InputError, setting_error
 
 logger = logging.getLogger("benchgen_router.serving.journal")
 
 KEY_FILE = ".key"
 KEY_BYTES = 32
-FILE_PATTERN = "calls-*.jsonl"
+KINDS = ("calls", "feedback")
+FILE_PATTERNS = tuple(f"{kind}-*.jsonl" for kind in KINDS)
 ID_PREFIX = "bgr-"
 QUEUE_LIMIT = 100_000  # lines waiting for the disk; beyond it lines are dropped and counted, memory stays bounded
+# Retention's defaults. 1 GiB holds about two million calls journaled as hashes, or some 300,000 with a
+# prompt of a thousand characters each (docs/gateway.md, measured): far more than a collect sample takes,
+# small beside a server's disk. 30 days: a retraining round samples the recent traffic, and prompts
+# stored with their text are users' data, not to be kept without end.
+DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_MAX_DAYS = 30.0
+FEEDBACK_SHARE = 0.25  # of max_bytes; calls keep the rest
+MIN_MAX_BYTES = 1024  # a budget of a few lines: less would keep nothing
+MAX_FILE_BYTES = 64 << 20
+FILES_PER_BUDGET = 8  # a kind's files are an eighth of its budget: retention removes history in eighths
+FILE_MAX_AGE_S = 86400.0  # a file is finished after a day, so that retention by days is a day late at most
+RETENTION_CHECK_S = 600.0
+# The gateway routes on at most this many characters of a prompt (serving/gateway.py cuts there); the
+# journal keeps no more, and marks a text that reaches it.
+TEXT_MAX_CHARS = 65536
+# Feedback lines per request id: one rating, changed a few times or retried by a client. Counted per
+# process over the FEEDBACK_IDS_TRACKED ids most recently rated (a bounded memory).
+FEEDBACK_PER_REQUEST = 10
+FEEDBACK_IDS_TRACKED = 100_000
 _STOP = object()
 
 
@@ -65,6 +100,11 @@ def _now() -> str:
 
 def _safe_host() -> str:
     return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
+
+
+def text_truncated(text: str) -> bool:
+    """Whether a journaled text may have lost its end: it has as many characters as the gateway routes on."""
+    return len(text) >= TEXT_MAX_CHARS
 
 
 def _create_key(path: Path) -> None:
@@ -113,6 +153,48 @@ def _folder_key(folder: Path) -> bytes | None:
     return key
 
 
+def check_journal_folder(folder: str | os.PathLike) -> None:
+    """Refuse, in one line, a folder the journal could never write: one that cannot be created (a file
+    in its path, no permission) or in which no file can be created (a read-only file system). Creates
+    the folder. A full disk passes: it may be freed, and the journal reports it while it lasts."""
+    path = Path(folder).expanduser()
+    if path.exists() and not path.is_dir():
+        raise setting_error(f"{{journal={folder}}} is a file; pass a folder (it is created when missing).")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe-{_safe_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as err:
+        raise setting_error(
+            f"{{journal={folder}}} cannot be written ({err.strerror or err}); pass a folder this user can create "
+            "and write."
+        ) from None
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much of the journal a folder keeps: `max_bytes` in all (calls three quarters, feedback one
+    quarter), and nothing older than `max_days`."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_days: float = DEFAULT_MAX_DAYS
+
+    def __post_init__(self) -> None:
+        size, days = self.max_bytes, self.max_days
+        if isinstance(size, bool) or not isinstance(size, int) or size < MIN_MAX_BYTES:
+            raise InputError(f"journal retention: max_bytes must be a whole number >= {MIN_MAX_BYTES}, got {size!r}.")
+        if isinstance(days, bool) or not isinstance(days, int | float) or not (math.isfinite(days) and days > 0):
+            raise InputError(f"journal retention: max_days must be a number of days > 0, got {days!r}.")
+
+    def budget(self, kind: str) -> int:
+        feedback = int(self.max_bytes * FEEDBACK_SHARE)
+        return feedback if kind == "feedback" else self.max_bytes - feedback
+
+    def file_bytes(self, kind: str) -> int:
+        return max(1, min(MAX_FILE_BYTES, self.budget(kind) // FILES_PER_BUDGET))
+
+
 def _held_by_a_writer(path: Path) -> bool:
     """Whether a live writer holds the file (its current file, locked while open)."""
     try:
@@ -128,29 +210,42 @@ def _held_by_a_writer(path: Path) -> bool:
         os.close(fd)
 
 
+@dataclass
+class _Series:
+    """The files of one kind this process writes: the open one, its size, and when it was started."""
+
+    kind: str
+    prefix: str
+    fd: int | None = None
+    path: Path | None = None
+    size: int = 0
+    started: float = 0.0  # time.monotonic()
+    number: int = 0
+
+
 class TrafficJournal:
-    """Appends one JSON line per gateway call (and per feedback) to size-rotated files in `folder`.
+    """Appends one JSON line per gateway call (and per feedback) to files in `folder`, kept within
+    `retention`.
 
     Writes happen on one background thread; `record_call`/`record_feedback` never block and never
-    raise. `write_failures` counts the lines that could not be written."""
+    raise. `write_failures` counts the lines that could not be written, `failure` says why the last one
+    failed (None while writing works), `feedback_refused` counts feedback over FEEDBACK_PER_REQUEST,
+    and `removed()` the files retention removed."""
 
     def __init__(
-        self, folder: Path, *, keep_text: bool = False, max_file_bytes: int = 64 << 20, max_files: int = 16
+        self, folder: str | os.PathLike, *, keep_text: bool = False, retention: Retention | None = None
     ) -> None:
-        if max_file_bytes < 1 or max_files < 1:
-            raise InputError(f"max_file_bytes and max_files must be positive, not {max_file_bytes} and {max_files}.")
         self.folder = Path(folder)
         self.keep_text = keep_text
-        self.max_file_bytes = max_file_bytes
-        self.max_files = max_files
+        self.retention = retention or Retention()
         self.write_failures = 0
+        self.feedback_refused = 0
+        self.failure: str | None = None
+        self._removed: collections.Counter[tuple[str, str]] = collections.Counter()  # (kind, reason): files
+        self._removed_bytes: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._feedback_given: dict[str, int] = {}  # request id -> feedback lines, in order of the latest
         self._key = _folder_key(self.folder) or secrets.token_bytes(KEY_BYTES)
-        self._prefix = f"calls-{_safe_host()}-{os.getpid()}-"
-        self._number = 0
-        self._fd: int | None = None
-        self._path: Path | None = None
-        self._size = 0
-        self._failing = False  # in a run of failures: warned once already
+        self._series = {kind: _Series(kind, f"{kind}-{_safe_host()}-{os.getpid()}-") for kind in KINDS}
         self._count_lock = threading.Lock()
         self._closed = False
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_LIMIT)
@@ -184,20 +279,49 @@ class TrafficJournal:
     # -- recording -------------------------------------------------------------------------------
 
     def record_call(self, entry: dict[str, Any], text: str | None) -> None:
-        """Journal one gateway call: `entry` plus time, kind, the text's salted hash and, with keep_text,
-        the text."""
+        """Journal one gateway call: `entry` plus time, kind, the text's salted hash, whether the text may
+        be cut (`text_truncated`) and, with keep_text, the text (at most TEXT_MAX_CHARS of it)."""
+        if text is not None:
+            text = text[:TEXT_MAX_CHARS]
         line = {"time": _now(), "kind": "call", **entry}
         line["text_sha256"] = None if text is None else self.text_hash(text)
+        line["text_truncated"] = text is not None and text_truncated(text)
         if self.keep_text:
             line["text"] = text
         self._put(line)
 
-    def record_feedback(self, request_id: str, score: float, comment: str | None) -> None:
-        """Journal a feedback score for a request; the comment is user text, kept only with keep_text."""
+    def record_feedback(self, request_id: str, score: float, comment: str | None) -> bool:
+        """Journal a feedback score for a request; the comment is user text, kept only with keep_text.
+        False when the request has had its FEEDBACK_PER_REQUEST already: refused, counted, and logged
+        once per request id."""
+        with self._count_lock:
+            given = self._feedback_given.pop(request_id, 0)
+            self._feedback_given[request_id] = given + 1  # re-inserted: the oldest rated id comes first
+            if len(self._feedback_given) > FEEDBACK_IDS_TRACKED:
+                del self._feedback_given[next(iter(self._feedback_given))]
+            refused = given >= FEEDBACK_PER_REQUEST
+            if refused:
+                self.feedback_refused += 1
+        if refused:
+            if given == FEEDBACK_PER_REQUEST:
+                logger.warning(
+                    "traffic journal %s: request %s has had its %d feedback lines; more feedback for it is refused "
+                    "and counted",
+                    self.folder,
+                    request_id,
+                    FEEDBACK_PER_REQUEST,
+                )
+            return False
         line: dict[str, Any] = {"time": _now(), "kind": "feedback", "request_id": request_id, "score": score}
         if self.keep_text and comment is not None:
             line["comment"] = comment
         self._put(line)
+        return True
+
+    def removed(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """What retention removed so far: (files, bytes) per (kind, reason), reason "age" or "size"."""
+        with self._count_lock:
+            return {key: (files, self._removed_bytes[key]) for key, files in self._removed.items()}
 
     def _put(self, line: dict[str, Any]) -> None:
         if self._closed:
@@ -211,23 +335,32 @@ class TrafficJournal:
     def _failed(self, lines: int, why: str) -> None:
         with self._count_lock:
             self.write_failures += lines
-            first = not self._failing
-            self._failing = True
+            first = self.failure is None
+            self.failure = why
         if first:
-            logger.warning(
-                "traffic journal %s: cannot write (%s); lines are dropped and counted until writing works again, "
-                "answers are not affected",
+            logger.error(
+                "traffic journal %s: cannot write (%s); the journal is not being written: lines are dropped and "
+                "counted until writing works again, answers are not affected",
                 self.folder,
                 why,
             )
+
+    def _working(self) -> None:
+        if self.failure is None:
+            return
+        with self._count_lock:
+            self.failure = None
+        logger.warning("traffic journal %s: writing again (%d lines lost so far)", self.folder, self.write_failures)
 
     # -- the writer thread -----------------------------------------------------------------------
 
     def _write_loop(self) -> None:
         stop = False
+        next_check = time.monotonic() + RETENTION_CHECK_S
         while not stop:
-            batch = [self._queue.get()]
+            batch = []
             with contextlib.suppress(queue.Empty):
+                batch.append(self._queue.get(timeout=max(0.0, next_check - time.monotonic())))
                 while len(batch) < 1024:
                     batch.append(self._queue.get_nowait())
             wrote = False
@@ -238,7 +371,11 @@ class TrafficJournal:
                     wrote = self._write_line(item) or wrote
             if wrote:
                 self._sync()
-        self._close_file()
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + RETENTION_CHECK_S
+                self._check_age()
+        for series in self._series.values():
+            self._finish(series)
 
     def _write_line(self, line: dict[str, Any]) -> bool:
         try:
@@ -246,69 +383,113 @@ class TrafficJournal:
         except ValueError as err:  # a NaN score or the like: a caller's bug, never worth an exception here
             self._failed(1, f"a line could not be encoded: {err}")
             return False
+        series = self._series["feedback" if line["kind"] == "feedback" else "calls"]
         try:
-            if self._fd is None or (self._size > 0 and self._size + len(data) > self.max_file_bytes):
-                self._open_next()
-            assert self._fd is not None
-            written = 0
-            try:
-                while written < len(data):
-                    written += os.write(self._fd, data[written:])
-            except OSError:
-                if written:  # cut back the half-written line, so the next one starts on a line of its own
-                    os.ftruncate(self._fd, self._size)
-                raise
-        except OSError as err:
-            self._close_file()  # reopened (a new file) on the next line: the disk may have been freed
+            if series.fd is None or self._due(series, len(data)):
+                self._start_file(series)
+            self._append(series, data)
+        except OSError as err:  # the file is kept: a failed write never starts another, nor removes one
             self._failed(1, f"{err.strerror or err}")
             return False
-        self._size += written
-        if self._failing:
-            with self._count_lock:
-                self._failing = False
-            logger.warning("traffic journal %s: writing again (%d lines lost so far)", self.folder, self.write_failures)
+        self._working()
         return True
 
-    def _open_next(self) -> None:
-        self._close_file()
+    def _due(self, series: _Series, size: int) -> bool:
+        """Whether the series' file is finished: `size` more bytes would pass its size, or it is a day old."""
+        full = series.size > 0 and series.size + size > self.retention.file_bytes(series.kind)
+        return full or time.monotonic() - series.started > FILE_MAX_AGE_S
+
+    def _append(self, series: _Series, data: bytes) -> None:
+        assert series.fd is not None
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(series.fd, data[written:])
+        except OSError:
+            if written:  # cut back the half-written line, so the next one starts on a line of its own
+                try:
+                    os.ftruncate(series.fd, series.size)
+                except OSError:
+                    self._finish(series)  # the half line ends this file; the reader skips it
+            raise
+        series.size += written
+
+    def _start_file(self, series: _Series) -> None:
+        self._finish(series)
         self.folder.mkdir(parents=True, exist_ok=True)
         while True:
-            self._number += 1
-            path = self.folder / f"{self._prefix}{self._number}.jsonl"
+            series.number += 1
+            path = self.folder / f"{series.prefix}{series.number}.jsonl"
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
                 break
             except FileExistsError:  # a file of an earlier process that had this pid: never append to it
                 continue
         fcntl.flock(fd, fcntl.LOCK_EX)  # marks the file as being written: never removed while held
-        self._fd, self._path, self._size = fd, path, 0
-        self._remove_oldest()
+        series.fd, series.path, series.size, series.started = fd, path, 0, time.monotonic()
+        self._retain(series.kind)
 
-    def _remove_oldest(self) -> None:
-        """Keep the folder within `max_files` finished files (its writers' current files aside)."""
+    def _check_age(self) -> None:
+        """Every RETENTION_CHECK_S: finish a file that is a day old (however quiet the traffic), so that
+        retention by days can remove it, then apply retention."""
+        for series in self._series.values():
+            if series.fd is not None and time.monotonic() - series.started > FILE_MAX_AGE_S:
+                self._finish(series)
+            self._retain(series.kind)
+
+    def _retain(self, kind: str) -> None:
+        """Remove `kind`'s finished files older than max_days, then its oldest until they leave room within
+        its budget for this process's current file to fill."""
+        current = self._series[kind].path
         try:
-            files = sorted(self.folder.glob(FILE_PATTERN), key=_age)
+            files = [(path, path.stat()) for path in self.folder.glob(f"{kind}-*.jsonl") if path != current]
         except OSError:
             return
-        finished = [path for path in files if path != self._path and not _held_by_a_writer(path)]
-        for path in finished[: max(0, len(finished) - self.max_files)]:
-            with contextlib.suppress(OSError):
+        files.sort(key=lambda item: (item[1].st_mtime, item[0].name))
+        oldest = time.time() - self.retention.max_days * 86400
+        total = sum(stat.st_size for _, stat in files) + self.retention.file_bytes(kind)
+        for path, stat in files:
+            old = stat.st_mtime < oldest
+            if not old and total <= self.retention.budget(kind):
+                continue
+            if _held_by_a_writer(path):
+                continue
+            try:
                 path.unlink()
+            except OSError:
+                continue
+            total -= stat.st_size
+            self._count_removed(kind, "age" if old else "size", path, stat.st_size)
+
+    def _count_removed(self, kind: str, reason: str, path: Path, size: int) -> None:
+        with self._count_lock:
+            self._removed[kind, reason] += 1
+            self._removed_bytes[kind, reason] += size
+        why = (
+            f"older than {self.retention.max_days:g} days"
+            if reason == "age"
+            else f"the {kind} kept are over their {self.retention.budget(kind)} bytes"
+        )
+        # Removal by age is the policy at work; by size, history lost to volume: worth an operator's eye.
+        level = logging.INFO if reason == "age" else logging.WARNING
+        logger.log(level, "traffic journal %s: removed %s (%d bytes): %s", self.folder, path.name, size, why)
 
     def _sync(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.fsync(self._fd)
+        for series in self._series.values():
+            if series.fd is not None:
+                with contextlib.suppress(OSError):
+                    os.fsync(series.fd)
 
-    def _close_file(self) -> None:
-        if self._fd is not None:
-            self._sync()
+    def _finish(self, series: _Series) -> None:
+        if series.fd is not None:
             with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+                os.fsync(series.fd)
+            with contextlib.suppress(OSError):
+                os.close(series.fd)
+            series.fd, series.path = None, None
 
     def close(self) -> None:
-        """Write every queued line, sync and close the file. Later records are dropped and counted."""
+        """Write every queued line, sync and close the files. Later records are dropped and counted."""
         if self._closed:
             return
         self._closed = True
@@ -318,75 +499,6 @@ class TrafficJournal:
             atexit.unregister(self.close)
 
 
-def _age(path: Path) -> tuple[float, str]:
-    try:
-        return (path.stat().st_mtime, path.name)
-    except OSError:
-        return (0.0, path.name)
-
-
-def _lines(path: Path) -> Iterator[dict[str, Any]]:
-    """The whole lines of one journal file; an unfinished last line or a damaged line is skipped with a
-    warning naming file and line."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        logger.warning("traffic journal: cannot read %s (%s); skipped", path, err.strerror or err)
-        return
-    lines = data.split(b"\n")
-    for number, raw in enumerate(lines, start=1):
-        if not raw:
-            continue
-        if number == len(lines):  # no newline after it: cut by a crash, or being written right now
-            logger.warning(
-                "traffic journal: %s line %d is unfinished (cut by a crash, or still being written); skipped",
-                path,
-                number,
-            )
-            return
-        try:
-            row = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            row = None
-        if not isinstance(row, dict) or row.get("kind") not in ("call", "feedback"):
-            logger.warning("traffic journal: %s line %d is damaged; skipped", path, number)
-            continue
-        yield row
-
-
-def read_journal(folder: Path) -> Iterator[dict[str, Any]]:
-    """The calls journaled in `folder`, oldest first, each with a "feedback" list (the feedback lines
-    naming its request id, from any file, oldest first). Feedback whose call is not in the folder (its
-    file rotated away) is counted in one warning."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise InputError(f"journal folder {folder} does not exist; pass the folder given to serve --journal.")
-    files = sorted(folder.glob(FILE_PATTERN))
-    if not files:
-        raise InputError(f"{folder} holds no journal files ({FILE_PATTERN}); pass the folder given to serve --journal.")
-    calls: dict[str, dict[str, Any]] = {}
-    unnamed: list[dict[str, Any]] = []
-    feedback: list[dict[str, Any]] = []
-    for path in files:
-        for row in _lines(path):
-            if row["kind"] == "feedback":
-                feedback.append(row)
-            elif isinstance(row.get("request_id"), str):
-                calls.setdefault(row["request_id"], row | {"feedback": []})
-            else:
-                unnamed.append(row | {"feedback": []})
-    orphans = 0
-    for row in sorted(feedback, key=lambda row: str(row.get("time"))):
-        call = calls.get(row.get("request_id"))  # type: ignore[arg-type]
-        if call is None:
-            orphans += 1
-            continue
-        call["feedback"].append({key: value for key, value in row.items() if key not in ("kind", "request_id")})
-    if orphans:
-        logger.warning(
-            "traffic journal %s: %d feedback lines name requests not in the folder (their files were rotated away); "
-            "skipped",
-            folder,
-            orphans,
-        )
-    yield from sorted([*calls.values(), *unnamed], key=lambda row: str(row.get("time")))
+def journal_files(folder: Path) -> Sequence[Path]:
+    """The journal's files in `folder`, calls and feedback, by name."""
+    return sorted(path for pattern in FILE_PATTERNS for path in folder.glob(pattern))
