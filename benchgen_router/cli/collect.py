@@ -250,9 +250,9 @@ def _sample_line(sample: Any) -> str:
         (sample.damaged_lines, "damaged lines"),
         (sample.repeated_calls, f"repeated request ids ({sample.conflicting_ids} with another text)"),
     )
-    skipped = "".join(f"{count} {what} (skipped), " for count, what in left_out if count)
+    skipped = ", ".join(f"{count} {what}" for count, what in left_out if count)
     return (
-        f"journal: {sample.calls} calls, {sample.without_text} without text, {skipped}{sample.prompts} distinct "
-        "prompts; "
-        f"sampled {sample.sampled} ({shares}; {sample.with_feedback} with feedback) into {sample.tasks}"
+        f"journal: {sample.calls} calls, {sample.without_text} without text, {sample.prompts} distinct prompts; "
+        + (f"skipped {skipped}; " if skipped else "")
+        + f"sampled {sample.sampled} ({shares}; {sample.with_feedback} with feedback) into {sample.tasks}"
     )

@@ -1,0 +1,88 @@
+"""`collect --from-journal` on a journal holding what cannot be a task: a prompt the gateway cut at its limit
+(asked whole it would be another prompt), a line whose text is not valid UTF-8 (it once stopped collect with
+an internal error, exit 70), and a request id repeated with another text. Each is skipped and counted in the
+summary line, and the rest is collected as usual, against real upstreams on loopback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli_collect import read_rows, write_pool
+
+from benchgen_router.serving.journal import TEXT_MAX_CHARS, TrafficJournal
+from helpers import cli
+
+httpx = pytest.importorskip("httpx")
+
+
+def test_cut_and_unreadable_prompts_are_skipped_and_counted_in_the_summary(tmp_path, capsys, caplog):
+    from upstream_server import ReplayUpstream
+
+    folder = tmp_path / "journal"
+    journal = TrafficJournal(folder, keep_text=True)
+    whole = {"Name a river.": "a", "Name a mountain.": "b"}
+    ids = {}
+    for text, agent in whole.items():
+        ids[text] = journal.new_request_id()
+        journal.record_call({"request_id": ids[text], "agent": agent, "status": 200}, text)
+    journal.record_call({"request_id": journal.new_request_id(), "agent": "a"}, "long " * TEXT_MAX_CHARS)
+    journal.close()
+    (path,) = folder.glob("calls-*.jsonl")
+    lines = path.read_text().splitlines()
+    with path.open("a") as file:
+        file.write('{"time": "2999-01-01T00:00:00Z", "kind": "call", "agent": "a", "request_id": "bgr-s", '
+                   '"text_sha256": "' + "1" * 64 + '", "text": "lone \\ud800 surrogate"}\n')  # fmt: skip
+        repeated = json.loads(lines[0]) | {"text": "another prompt", "text_sha256": "2" * 64}
+        file.write(json.dumps(repeated) + "\n")
+
+    with (
+        ReplayUpstream(lambda body: {"m-a": "The Nile.", "m-b": "Everest."}[body["model"]]) as agents,
+        ReplayUpstream(lambda body: "Rating: [[7]]") as judge,
+    ):
+        write_pool(tmp_path / "pool.json", [("a", agents.base_url, "m-a"), ("b", agents.base_url, "m-b")])
+        write_pool(tmp_path / "judge.json", [("judge", judge.base_url, "m-judge")])
+        code = cli(
+            "collect", "--from-journal", folder, "--sample", "5", "--pool", tmp_path / "pool.json",
+            "--judge-pool", tmp_path / "judge.json", "--repetitions", "1", "--output", tmp_path / "calls.jsonl",
+            "--no-progress",
+        )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.splitlines()[0] == (
+        "journal: 3 calls, 0 without text, 2 distinct prompts; skipped 1 cut by the gateway, 1 damaged lines, "
+        "1 repeated request ids (1 with another text); sampled 2 (a 1, b 1; 0 with feedback) into "
+        f"{tmp_path / 'calls.tasks.jsonl'}"
+    )
+    assert sorted(row["prompt"] for row in read_rows(tmp_path / "calls.tasks.jsonl")) == sorted(whole)
+    assert any(ids["Name a river."] in record.getMessage() for record in caplog.records)  # the id named
+
+
+def test_a_journal_of_cut_prompts_only_is_refused_in_one_line(tmp_path, capsys):
+    journal = TrafficJournal(tmp_path / "journal", keep_text=True)
+    journal.record_call({"request_id": journal.new_request_id(), "agent": "a"}, "x" * (TEXT_MAX_CHARS + 1))
+    journal.close()
+    write_pool(tmp_path / "pool.json", [("a", "http://127.0.0.1:9/v1", "m-a")])
+    code = cli(
+        "collect", "--from-journal", tmp_path / "journal", "--sample", "5", "--pool", tmp_path / "pool.json",
+        "--judge-pool", tmp_path / "pool.json", "--output", tmp_path / "calls.jsonl",
+    )  # fmt: skip
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(error) == 1
+    assert "holds no whole prompt" in error[0] and f"cut at {TEXT_MAX_CHARS:,} characters" in error[0]
+    assert not (tmp_path / "calls.tasks.jsonl").exists()
+
+
+def test_a_prompt_journaled_before_the_mark_is_judged_cut_by_its_length(tmp_path):
+    from benchgen_router.collect.traffic import traffic_prompts
+
+    journal = TrafficJournal(tmp_path, keep_text=True)
+    journal.record_call({"request_id": journal.new_request_id(), "agent": "a"}, "y" * TEXT_MAX_CHARS)
+    journal.record_call({"request_id": journal.new_request_id(), "agent": "a"}, "a whole prompt")
+    journal.close()
+    (path,) = Path(tmp_path).glob("calls-*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({k: v for k, v in row.items() if k != "text_truncated"}) + "\n" for row in rows))
+    found = traffic_prompts(tmp_path)
+    assert [prompt.text for prompt in found.prompts] == ["a whole prompt"] and found.truncated == 1
