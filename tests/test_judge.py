@@ -125,10 +125,25 @@ def settings(
         ("Rating: [[1]]", 1),
         ("Rating: [[ 9 ]]", 9),
         ("Rating: [[8]] as said, [[8]]", 8),  # the same rating twice is one rating
+        ("Rating: [[7]], that is [[07]], [[7.0]]", 7),  # ... however it is written: values are compared
         ("Rating: [[0]]", None),  # off the scale
         ("Rating: [[11]]", None),
-        ("Rating: [[7.5]]", None),  # the rubric asks for a whole number
+        ("Rating: [[10.5]]", None),
+        ("Rating: [[0.5]]", None),
+        # A decimal, as GPT-4 writes it judging MT-Bench and FastChat's reader (\[\[(\d+\.?\d*)\]\]) reads it.
+        ("Rating: [[8.5]]", 8.5),
+        ("Rating: [[7.25]]", 7.25),
+        ("Rating: [[8.]]", 8),
+        ("Rating: [[10.0]]", 10),
         ("Rating: [[3]] no, Rating: [[8]]", None),  # two ratings: undecided
+        ("Rating: [[3]] no, Rating: [[3.5]]", None),
+        ("Rating: [8]", 8),  # FastChat's fallback: [N] when no [[N]] is found
+        ("As [1] says, the answer is fine. Rating: [[6]]", 6),  # [[N]] first: a citation is no rating
+        ("As [1] says, the answer is fine. Rating: [6]", None),  # two different [N]: undecided
+        ("Rating: [[\u0667]]", None),  # Arabic-Indic seven: ASCII digits only
+        ("Rating: [[\uff17]]", None),  # fullwidth seven
+        ("Rating: [[7\u0665]]", None),
+        ("Rating: [\u0667]", None),
         ("Rating: 7", None),  # not the [[N]] form
         ("I cannot rate this.", None),
         ("", None),
@@ -136,7 +151,8 @@ def settings(
     ],
 )
 def test_a_verdict_is_read_as_its_one_rating_from_1_to_10(verdict, rating):
-    assert parse_rating(verdict) == rating
+    found = parse_rating(verdict)
+    assert found == rating and type(found) is type(rating)  # a whole rating is an int, as journals hold it
 
 
 def test_the_prompts_follow_mt_benchs_single_answer_convention():
@@ -242,11 +258,61 @@ def test_a_task_whose_agent_has_no_rating_is_left_out_of_the_rewards_file(tmp_pa
     args = ["--tasks", cfg.tasks, "--pool", cfg.pool, "--output", cfg.output, "--judge-pool", cfg.judge_pool]
     assert cli("collect", *args, "--repetitions", "2", "--no-progress") == 0
     out = capsys.readouterr().out
-    assert "judge: 4 answers rated this run (0.0060 USD); 2 answers ungraded in" in out
+    assert "judge: 2 of 4 answers rated this run (0.0060 USD); 2 answers ungraded in" in out
     assert "warning: 1 tasks left out of" in caplog.text and read_rows(cfg.rewards_path) == []
     (row,) = read_rows(cfg.output)
     assert row["mean_reward"] == [0.8, None, 0.0]
     assert [call["reward"] for call in row["calls"]] == [0.8, 0.8, None, None, 0.0, 0.0]
+
+
+def test_the_summary_counts_the_answers_the_judge_rated_not_those_it_was_asked_about(tmp_path, servers, capsys):
+    agents, judge = servers
+    judge.reply = scripted_judge({"alpha": ["no idea"], "beta": ["no idea"]})
+    write_jsonl(tmp_path / "tasks.jsonl", TASKS[:1])
+    cfg = settings(tmp_path, agents, judge, repetitions=1)
+    args = ["--tasks", cfg.tasks, "--pool", cfg.pool, "--output", cfg.output, "--judge-pool", cfg.judge_pool]
+    assert cli("collect", *args, "--repetitions", "1", "--no-progress") == 0
+    out = capsys.readouterr().out
+    assert len(judge.requests) == 4  # a's and b's answers, each asked twice: no rating either time
+    assert "judge: 0 of 2 answers rated this run (0.0040 USD); 2 answers ungraded in" in out, out
+
+
+def test_a_decimal_rating_is_a_reward_of_a_tenth_of_it_and_resumes(tmp_path, servers):
+    """`Rating: [[8.5]]` (GPT-4 writes such ratings judging MT-Bench) is 0.85, not an ungraded answer; the
+    journal holds it, so a resumed run asks nobody again and writes the same files."""
+    agents, judge = servers
+    judge.reply = scripted_judge({"alpha": ["Good. Rating: [[8.5]]"], "beta": ["Weak. Rating: [[3]]"]})
+    write_jsonl(tmp_path / "tasks.jsonl", TASKS[:1])
+    cfg = settings(tmp_path, agents, judge)
+    result = collect(cfg)
+    (row,) = read_rows(cfg.rewards_path)
+    assert result.ungraded == 0 and row["mean_reward"] == [0.85, 0.3, 0.0]
+    (calls,) = [r["calls"] for r in read_rows(cfg.output)]
+    assert (calls[0]["reward"], calls[0]["judge"]["rating"]) == (0.85, 8.5)
+    files = cfg.output.read_text(), cfg.rewards_path.read_text()
+    again = collect(settings(tmp_path, agents, judge, resume=True))
+    assert (again.made, again.judged) == (0, 0) and (cfg.output.read_text(), cfg.rewards_path.read_text()) == files
+
+
+def test_a_huge_verdict_is_stored_cut_with_a_mark_and_its_rating_read(tmp_path, servers):
+    """A 5 MB verdict was kept whole twice, in the journal and in the calls file; now both keep its start
+    and its end (where the rating is) with a mark saying how much was cut."""
+    from benchgen_router.collect.judge import MAX_JUDGMENT_CHARS
+
+    agents, judge = servers
+    rambling = "Let me think. " + "x" * 5_000_000 + " Rating: [[7]]"
+    judge.reply = scripted_judge({"alpha": [rambling], "beta": ["Rating: [[3]]"]})
+    write_jsonl(tmp_path / "tasks.jsonl", TASKS[:1])
+    cfg = settings(tmp_path, agents, judge, repetitions=1)
+    collect(cfg)
+    (calls,) = [r["calls"] for r in read_rows(cfg.output)]
+    stored = calls[0]["judge"]["judgment"]
+    assert calls[0]["reward"] == 0.7 and len(stored) <= MAX_JUDGMENT_CHARS + 100
+    assert stored.startswith("Let me think. xxx") and stored.endswith("xxx Rating: [[7]]")
+    cut = len(rambling) - MAX_JUDGMENT_CHARS
+    assert f"[... {cut:,} characters of the judge's verdict cut here ...]" in stored
+    assert calls[1]["judge"]["judgment"] == "Rating: [[3]]"  # a verdict within the limit is kept whole
+    assert cfg.journal_path.stat().st_size < 100_000 and cfg.output.stat().st_size < 100_000
 
 
 def test_resuming_asks_neither_the_agents_nor_the_judge_again(tmp_path, servers):

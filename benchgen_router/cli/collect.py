@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.judge is not None or args.judge_pool is not None:
         print(
-            f"judge: {result.judged} answers rated this run ({result.judge_cost_usd:.4f} USD); "
+            f"judge: {result.rated} of {result.judged} answers rated this run ({result.judge_cost_usd:.4f} USD); "
             f"{result.ungraded} answers ungraded in {result.output}"
         )
     print(f"wrote {result.tasks_written} of {result.tasks} tasks to {result.output} and {result.rewards_output}")

@@ -86,7 +86,7 @@ class Asking:
     ) -> None:
         self.config, self.pool, self.journal, self.spend, self.bar = config, pool, journal, spend, bar
         self.judge = judge
-        self.made = self.failed = self.judged = 0
+        self.made = self.failed = self.judged = self.rated = 0
         self.cost_usd = self.judge_cost_usd = 0.0
         self.stopped: str | None = None
         self._unknown_cost_noted = False
@@ -107,6 +107,7 @@ class Asking:
             self.journal.append_verdict(cell, verdict)
             self.spend.add_verdict(verdict)
             self.judged += 1
+            self.rated += verdict["rating"] is not None
             self.judge_cost_usd += verdict["cost_usd"] or 0.0
             self.cost_usd += verdict["cost_usd"] or 0.0
             if verdict["rating"] is None:

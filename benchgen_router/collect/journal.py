@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchgen_router.collect.formats import CALL_FIELDS, Task
-from benchgen_router.collect.judge import VERDICT_FIELDS
+from benchgen_router.collect.judge import VERDICT_FIELDS, is_rating
 from benchgen_router.errors import InputError, RouterError
 
 logger = logging.getLogger("benchgen_router.collect")
@@ -236,8 +236,7 @@ def _verdict(row: Mapping[str, Any], agents: Sequence[str]) -> tuple[Cell, Mappi
         return None
     if not isinstance(task_id, str) or not isinstance(repetition, int) or isinstance(repetition, bool):
         return None
-    rating = verdict["rating"]
-    if rating is not None and (not isinstance(rating, int) or isinstance(rating, bool) or not 1 <= rating <= 10):
+    if verdict["rating"] is not None and not is_rating(verdict["rating"]):
         return None
     return (task_id, agent, repetition), verdict
 

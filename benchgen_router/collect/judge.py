@@ -1,4 +1,4 @@
-"""The judge grader: an LLM rates an answer from 1 to 10, for tasks that have no answer a grader can check.
+r"""The judge grader: an LLM rates an answer from 1 to 10, for tasks that have no answer a grader can check.
 
 The convention is MT-Bench's single-answer grading (Zheng et al., "Judging LLM-as-a-Judge with MT-Bench
 and Chatbot Arena", arXiv 2306.05685; the prompts "single-v1" and, with a reference answer,
@@ -9,10 +9,17 @@ from different runs mean the same thing, and it tells the judge to ignore instru
 
 - A task with a reference answer gets the reference-guided prompt: the judge compares the answer with
   the reference first, as single-math-v1 asks.
+- The rating is read as FastChat's llm_judge reads it (common.py: `\[\[(\d+\.?\d*)\]\]`, else
+  `\[(\d+\.?\d*)\]`): a number from 1 to 10, a decimal one too (`[[8.5]]`, as GPT-4 writes them
+  judging MT-Bench), in ASCII digits only (`[[٧]]` is no rating). Unlike FastChat, which takes the first,
+  a verdict that gives two different values (`[[3]] ... [[8]]`) has not rated; `[[7]]` and `[[07]]` are
+  one value.
 - The reward of an answer is N / 10.
 - A verdict with no rating (or with two different ones) is asked again once; a second one without a
   rating leaves the answer ungraded: its reward is unknown, never 0. A judge call that fails after the
   upstream's own retries leaves it ungraded too.
+- A verdict is stored (in the journal, and in the calls file beside the call it rates) cut to
+  MAX_JUDGMENT_CHARS: its start and its end, where the rating is, with a mark saying how much was cut.
 - The judge's cost is recorded beside the answer it judged (collect/run.py), never as the agent's.
 """
 
@@ -29,7 +36,10 @@ from benchgen_router.errors import setting_error
 from benchgen_router.upstreams import Upstream, UpstreamPool, read_upstream_pool
 
 MAX_ATTEMPTS = 2  # an unparseable verdict is asked once more, then the answer is left ungraded
-UNPARSEABLE = "the judge gave no rating in the form Rating: [[N]] (N from 1 to 10)"
+UNPARSEABLE = "the judge gave no rating in the form Rating: [[N]] (N a number from 1 to 10)"
+# What is kept of a verdict's text: an MT-Bench verdict is a paragraph or two; a judge that rambles for
+# megabytes would otherwise be stored whole twice, in the journal and in the calls file.
+MAX_JUDGMENT_CHARS = 8192
 
 SYSTEM_PROMPT = (
     "You are an impartial judge of answers written by AI assistants. You rate one answer at a time with "
@@ -66,8 +76,11 @@ REFERENCE_TEMPLATE = (
     "[The Start of Reference Answer]\n{reference}\n[The End of Reference Answer]\n\n"
     "[The Start of Assistant's Answer]\n{answer}\n[The End of Assistant's Answer]"
 )
-# `[[N]]`, as MT-Bench's parser reads it; a rating is a whole number from 1 to 10.
-RATING = re.compile(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]")
+# `[[N]]`, and `[N]` in a verdict without any `[[N]]`, as FastChat's llm_judge reads them (its patterns,
+# with ASCII digits: Python's \d is any script's, and spaces inside the brackets allowed).
+RATING = re.compile(r"\[\[\s*([0-9]+(?:\.[0-9]*)?)\s*\]\]")
+RATING_FALLBACK = re.compile(r"\[\s*([0-9]+(?:\.[0-9]*)?)\s*\]")
+Rating = int | float  # a whole rating is an int (8, not 8.0), as journals hold it
 
 # How the judge is asked: its upstream and the messages in, its answer out (collect asks over HTTP).
 JudgeAsker = Callable[[Upstream, Sequence[Mapping[str, str]]], Awaitable[Answer]]
@@ -95,24 +108,40 @@ def judge_messages(question: str, answer: str, reference: str | None) -> list[di
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
 
 
-def parse_rating(verdict: str | None) -> int | None:
-    """The rating of a verdict: the N of its `[[N]]`, a whole number from 1 to 10. None when it has
-    none, when N is out of range or not whole, or when it gives two different ratings (a judge that
-    cannot decide has not rated)."""
+def parse_rating(verdict: str | None) -> Rating | None:
+    """The rating of a verdict: the N of its `[[N]]` (of its `[N]` when it has no `[[N]]`), a number from
+    1 to 10; an int when whole. None when it has none, when N is out of range, or when it gives two
+    different values (a judge that cannot decide has not rated)."""
     if not verdict:
         return None
-    found = {match.group(1) for match in RATING.finditer(verdict)}
-    if len(found) != 1:
+    found = [match.group(1) for match in RATING.finditer(verdict)]
+    found = found or [match.group(1) for match in RATING_FALLBACK.finditer(verdict)]
+    values = {float(text) for text in found}
+    if len(values) != 1:
         return None
-    (text,) = found
-    if not text.isdigit():
+    (value,) = values
+    if not 1 <= value <= 10:
         return None
-    rating = int(text)
-    return rating if 1 <= rating <= 10 else None
+    return int(value) if value.is_integer() else value
 
 
-def reward(rating: int | None) -> float | None:
+def is_rating(value: Any) -> bool:
+    """Whether a stored verdict's rating is one parse_rating gives: a number from 1 to 10 (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 1 <= value <= 10
+
+
+def reward(rating: Rating | None) -> float | None:
     return None if rating is None else rating / 10
+
+
+def stored_judgment(text: str | None) -> str | None:
+    """A verdict's text as stored: whole up to MAX_JUDGMENT_CHARS, else its start and its end (where the
+    rating is) around a mark saying how much was cut."""
+    if text is None or len(text) <= MAX_JUDGMENT_CHARS:
+        return text
+    half = MAX_JUDGMENT_CHARS // 2
+    cut = len(text) - 2 * half
+    return f"{text[:half]}\n[... {cut:,} characters of the judge's verdict cut here ...]\n{text[-half:]}"
 
 
 @dataclass(frozen=True)
@@ -189,7 +218,7 @@ async def judge_answer(ask: JudgeAsker, judge: Judge, question: str, answer: str
         "completion_tokens": _sum([_tokens(reply, "completion_tokens") for reply in answers]),
         "cost_usd": _sum(costs),
         "error": error,
-        "judgment": answers[-1].content if answers[-1].error is None else None,
+        "judgment": stored_judgment(answers[-1].content) if answers[-1].error is None else None,
         "latency_ms": sum(reply.latency_ms for reply in answers),
         "prompt_tokens": _sum([_tokens(reply, "prompt_tokens") for reply in answers]),
         "rating": rating,

@@ -77,7 +77,8 @@ class CollectResult:
     total_cost_usd: float  # what every journaled call cost: the figure max_cost_usd caps
     seconds: float  # time spent asking
     stopped: str | None = None  # why cells were left unasked (STOPPED_AT_COST_CAP), None when none were
-    judged: int = 0  # answers this run had the judge rate (each one or two judge calls)
+    judged: int = 0  # answers this run asked the judge about (each in one or two judge calls)
+    rated: int = 0  # of those, the answers the judge gave a rating (the rest are ungraded)
     judge_cost_usd: float = 0.0  # what this run's judge calls cost (part of cost_usd)
     ungraded: int = 0  # judged answers in the written files that the judge gave no rating
     tasks_rated: int = 0  # rows of the rewards file: written tasks where every agent has a graded answer
@@ -292,6 +293,7 @@ def _collect(
         seconds=seconds,
         stopped=asking.stopped,
         judged=asking.judged,
+        rated=asking.rated,
         judge_cost_usd=asking.judge_cost_usd,
         ungraded=written.ungraded,
         tasks_rated=written.rated,
