@@ -28,6 +28,8 @@ from benchgen_router.collect.outputs import call_record
 from benchgen_router.errors import InputError, Terminated, raise_terminated
 from benchgen_router.upstreams import Upstream
 from helpers import NO_PILOT, PILOT
+from upstream_server import MisbehavingUpstream
+from upstream_server import Scripted as Reply
 
 pytest_plugins = ["upstream_server"]
 needs_pilot = pytest.mark.skipif(not (PILOT / "rewards.v1-pilot.jsonl").exists(), reason=NO_PILOT)
@@ -502,6 +504,57 @@ def test_a_hostile_answer_is_graded_beside_the_loop(tmp_path, one_task, monkeypa
     }
     _, call = scripted_run(tmp_path, [(200, {}, hostile)])
     assert call["extracted"] == "42" and graded_on == [False]  # its time: test_graders' linear-time tests
+
+
+def oversize_upstream(framing: str) -> MisbehavingUpstream:
+    """An upstream whose answers to model m-a are past collect's cap: a body declared (and sent) whole with
+    its content-length, or one that never ends (chunked, no length). Model m-b gets a normal answer."""
+    from benchgen_router.collect.chat import MAX_RESPONSE_BYTES
+
+    start = b'{"id": "huge", "choices": [{"message": {"role": "assistant", "content": "'
+
+    def script(body: dict) -> Reply:
+        if body["model"] != "m-a":
+            return Reply(body=OK_BODY)
+        if framing == "declared":
+            return Reply(body=start + b"x" * MAX_RESPONSE_BYTES + b'"}}]}')
+        return Reply(body=start, endless=b"x" * 65536, every_s=0)
+
+    return MisbehavingUpstream(script)
+
+
+@needs_httpx
+@pytest.mark.parametrize("framing", ["declared", "endless"])
+def test_an_answer_past_the_size_cap_is_one_failed_call_and_nothing_else_is_lost(tmp_path, one_task, framing):
+    """A 2 GB answer took `collect --concurrency 1` to 7.4 GB of memory: the body was read whole. It is read
+    no further than MAX_RESPONSE_BYTES (the gateway's cap), the call fails with that reason without a retry
+    (it would be as large, and billed, again), the connection is closed, and the other agent's calls and the
+    files are as they would be."""
+    from benchgen_router.collect.chat import MAX_RESPONSE_BYTES
+
+    with oversize_upstream(framing) as server:
+        write_pool(tmp_path / "pool.json", {"a": server.base_url, "b": server.base_url})
+        result = collect(config(tmp_path, limit=1, repetitions=1, concurrency=1, timeout_s=30))
+        closed = server.wait_closed(0, timeout_s=10) if framing == "endless" else 0.0
+    assert closed is not None  # collect hung up on the endless answer
+    assert (result.made, result.failed, result.tasks_written) == (2, 1, 1)
+    assert sum(body["model"] == "m-a" for body in server.requests) == 1  # not retried
+    (row,) = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    huge, fine = row["calls"]
+    assert huge["error"] == (
+        f"answered more than {MAX_RESPONSE_BYTES:,} bytes, collect's limit for one answer (the gateway's too); "
+        "ask for fewer tokens (--max-tokens)"
+    )
+    assert (huge["raw_response"], huge["cost_usd"], huge["correct"]) == (None, 0.0, False)
+    assert (fine["error"], fine["extracted"], fine["generation_id"]) == (None, "2", "gen-ok")
+
+
+def test_collect_caps_an_answer_as_the_gateway_caps_one():
+    pytest.importorskip("ray")
+    from benchgen_router.collect.chat import MAX_RESPONSE_BYTES
+    from benchgen_router.serving.gateway import DEFAULT_MAX_RESPONSE_BYTES
+
+    assert MAX_RESPONSE_BYTES == DEFAULT_MAX_RESPONSE_BYTES
 
 
 def billed_answer(billed: list[float]) -> object:

@@ -3,9 +3,10 @@
 Retried: 429, 5xx (also when an upstream reports them in a 200 body's `error`, as OpenRouter does
 for some provider failures), timeouts and connection errors, with exponential backoff, or after
 the server's Retry-After when it gives one. Not retried: any other 4xx (a bad model name, a prompt
-over the context window): asking again would fail again and may be billed again. A call that fails
-for good comes back with a short `error`; the key never appears in it (only Upstream.headers()
-holds the key, and an upstream that echoes it back has it replaced).
+over the context window): asking again would fail again and may be billed again. An answer is read
+no further than MAX_RESPONSE_BYTES (a larger one fails, unretried: it would be as large, and billed,
+again). A call that fails for good comes back with a short `error`; the key never appears in it (only
+Upstream.headers() holds the key, and an upstream that echoes it back has it replaced).
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ logger = logging.getLogger("benchgen_router.collect")
 
 MAX_ERROR_CHARS = 300  # an upstream's error page can be long; the record keeps its first words
 MAX_RETRY_AFTER_S = 60.0  # a longer Retry-After is waited for this long, then the call is retried anyway
+# An answer's body is read no further than this, as the gateway holds a non-streamed answer no further
+# (serving/gateway.py's DEFAULT_MAX_RESPONSE_BYTES, which collect cannot import without Ray; a test pins
+# the two equal). A 2 GB answer, read whole, took a run to 7.4 GB of memory.
+MAX_RESPONSE_BYTES = 32 << 20
+TOO_LARGE = (
+    "answered more than {limit:,} bytes, collect's limit for one answer (the gateway's too); "
+    "ask for fewer tokens (--max-tokens)"
+)
 
 
 @dataclass(frozen=True)
@@ -91,10 +100,33 @@ def _error_message(body: Any, fallback: str) -> str:
     return fallback
 
 
-def _parse(response: httpx.Response) -> tuple[str, Mapping[str, Any] | None, str | None]:
-    """(content, usage, id) of a 200 answer, or a _Failure."""
+async def read_capped(response: httpx.Response, limit: int = MAX_RESPONSE_BYTES) -> bytes:
+    """The body of a streamed response, read no further than `limit` bytes (a _Failure past it: a declared
+    length over it is refused before any of the body is read)."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _Failure(TOO_LARGE.format(limit=limit), retryable=False)
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():  # decoded: a compressed body counts at its real size
+        size += len(chunk)
+        if size > limit:
+            raise _Failure(TOO_LARGE.format(limit=limit), retryable=False)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(data: bytes) -> Any:
+    """A body as JSON; None when it is not JSON."""
     try:
-        body = response.json()
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _parse(data: bytes) -> tuple[str, Mapping[str, Any] | None, str | None]:
+    """(content, usage, id) of a 200 answer's body, or a _Failure."""
+    try:
+        body = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise _Failure("HTTP 200 with a body that is not JSON", retryable=False) from None
     if isinstance(body, Mapping) and body.get("error"):
@@ -116,12 +148,9 @@ def _parse(response: httpx.Response) -> tuple[str, Mapping[str, Any] | None, str
     )
 
 
-def _status_failure(response: httpx.Response) -> _Failure:
-    try:
-        body = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        body = None
-    message = first_line(Exception(_error_message(body, response.text or response.reason_phrase)))
+def _status_failure(response: httpx.Response, data: bytes) -> _Failure:
+    text = data.decode(response.encoding or "utf-8", errors="replace")
+    message = first_line(Exception(_error_message(_json(data), text or response.reason_phrase)))
     retryable = retryable_status(response.status_code)
     after = retry_after_seconds(response.headers.get("retry-after")) if retryable else None
     return _Failure(f"HTTP {response.status_code}: {message}", retryable, after)
@@ -155,15 +184,17 @@ async def ask(
         started = time.perf_counter()
         try:
             try:
-                response = await client.post(url, json=body, headers=headers)
+                # Streamed, so that the body is read in pieces and no further than MAX_RESPONSE_BYTES.
+                async with client.stream("POST", url, json=body, headers=headers) as response:
+                    data = await read_capped(response)
             except httpx.TimeoutException as err:
                 raise _Failure(f"timed out ({type(err).__name__})", retryable=True) from None
             except httpx.TransportError as err:
                 raise _Failure(f"{type(err).__name__}: {first_line(err)}", retryable=True) from None
             latency_ms = round((time.perf_counter() - started) * 1000)
             if response.status_code != 200:
-                raise _status_failure(response)
-            content, usage, generation_id = _parse(response)
+                raise _status_failure(response, data)
+            content, usage, generation_id = _parse(data)
             return Answer(content, usage, generation_id, latency_ms)
         except _Failure as failure:
             latency_ms = round((time.perf_counter() - started) * 1000)
