@@ -1,4 +1,4 @@
-"""The service's parts without a running Ray: request checks and body reading (serving.app) over
+"""The service's parts without a running Ray: request checks and body reading (serving.request_checks) over
 Starlette's real Request and the ASGI protocol, errors as HTTP answers, /healthz while the router
 loads, the batch merger and its bound, operating-point and trade-off checks (serving.replica), requests
 under different trade-offs scored by a real probability head in one run, the start-up checks
@@ -23,16 +23,7 @@ pytest.importorskip("ray.serve")
 from starlette.requests import Request
 
 from benchgen_router.errors import InputError, RouterTypeError
-from benchgen_router.serving.app import (
-    DEFAULT_MAX_REQUEST_BYTES,
-    READY_WAIT_S,
-    RequestError,
-    RouterService,
-    api,
-    http_error,
-    parse_route_body,
-    read_body,
-)
+from benchgen_router.serving.app import BODY_TIMEOUT_S, READY_WAIT_S, RouterService, api, http_error
 from benchgen_router.serving.replica import (
     BatchMerger,
     ServedRouter,
@@ -41,6 +32,7 @@ from benchgen_router.serving.replica import (
     request_point,
     route_items,
 )
+from benchgen_router.serving.request_checks import DEFAULT_MAX_REQUEST_BYTES, RequestError, parse_route_body, read_body
 from benchgen_router.serving.service import check_cpus, check_port_free, check_reachable
 from configuration_router import RouterConfig
 
@@ -309,7 +301,7 @@ def test_a_body_within_the_limit_is_read_whole():
     parts = [{"type": "http.request", "body": b'{"queries": ', "more_body": True}]
     parts.append({"type": "http.request", "body": b'["q"]}', "more_body": False})
     request, _ = asgi_request(parts, {"content-length": "18"})
-    assert asyncio.run(read_body(request, 100)) == b'{"queries": ["q"]}'
+    assert asyncio.run(read_body(request, 100, BODY_TIMEOUT_S)) == b'{"queries": ["q"]}'
 
 
 def test_a_chunked_body_is_refused_at_the_chunk_that_crosses_the_limit():

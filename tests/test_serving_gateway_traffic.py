@@ -14,7 +14,9 @@ import httpx
 import pytest
 from test_serving_gateway_hostile import AppServer, answered, build_router, make_service, pool_of
 
+from benchgen_router.serving.feedback import FEEDBACK_MAX_COMMENT_CHARS
 from benchgen_router.serving.gateway import GatewaySettings
+from benchgen_router.serving.journal import FEEDBACK_PER_REQUEST
 from benchgen_router.serving.journal_reading import read_journal
 from helpers import make_queries
 from upstream_server import MisbehavingUpstream, Scripted
@@ -204,6 +206,19 @@ def test_a_line_the_journal_cannot_write_is_counted_in_the_metrics(journal_apps,
         assert gateway.journal.write_failures == before + 1 and increments == [1]
     finally:
         gateway.metrics.journal_failures = counter
+    with httpx.Client(timeout=30, trust_env=False) as http:
+        health = http.get(f"{app.url}/healthz")
+    assert health.status_code == 200  # the journal costs no answer, so it never takes the replica out
+    journal = health.json()["journal"]
+    assert journal["writing"] is False and "cannot write (the journal is closed)" in journal["error"]
+    assert journal["lines_lost"] == gateway.journal.write_failures
+
+
+def test_healthz_shows_a_journal_that_writes(journal_apps):
+    app, _ = journal_apps["feedback"]
+    with httpx.Client(timeout=30, trust_env=False) as http:
+        health = http.get(f"{app.url}/healthz").json()
+    assert health["status"] == "ok" and health["journal"]["writing"] is True and "error" not in health["journal"]
 
 
 @pytest.mark.parametrize(
@@ -218,6 +233,8 @@ def test_a_line_the_journal_cannot_write_is_counted_in_the_metrics(journal_apps,
         ({"request_id": "ID", "score": True}, 400, "score"),
         ({"request_id": "ID"}, 400, "score"),
         ({"request_id": "ID", "score": 1, "comment": 3}, 400, "comment"),
+        ({"request_id": "ID", "score": 1, "comment": "x" * (FEEDBACK_MAX_COMMENT_CHARS + 1)}, 400, "comment"),
+        (b'{"request_id": "ID", "score": 1, "comment": "lone \\ud800"}', 400, "comment"),
         ({"request_id": "ID", "score": 1, "scroe": 1}, 400, "scroe"),
         (b'{"request_id": "ID", "score": NaN}', 400, None),
         (b"thumbs up", 400, None),
@@ -237,6 +254,19 @@ def test_bad_feedback_is_a_4xx_with_one_line(journal_apps, upstream, body, statu
     assert error["param"] == param
     if status == 404:
         assert error["code"] == "request_not_found"
+
+
+def test_feedback_past_its_cap_per_request_is_a_409_and_minus_zero_is_zero(journal_apps, upstream):
+    upstream.script = by_kind
+    app, _ = journal_apps["feedback"]
+    answer = post(app, "/v1/chat/completions", {"model": "alpha", "messages": [{"role": "user", "content": "hi"}]})
+    request_id = answer.headers["x-benchgen-request-id"]
+    taken = post(app, "/v1/feedback", {"request_id": request_id, "score": -0.0})
+    assert taken.status_code == 200 and '"score":0.0' in taken.text.replace(" ", "")
+    for _ in range(FEEDBACK_PER_REQUEST - 1):
+        assert post(app, "/v1/feedback", {"request_id": request_id, "score": 1}).status_code == 200
+    error = openai_error(post(app, "/v1/feedback", {"request_id": request_id, "score": 1}), 409)
+    assert (error["code"], error["param"]) == ("feedback_limit_reached", "request_id")
 
 
 def test_feedback_without_a_journal_is_a_404_saying_how_to_get_one(services):

@@ -143,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}.")
     if args.pool is not None and not args.pool.is_file():
         raise InputError(f"pool file not found: {args.pool}")
+    if args.journal is not None:  # before Ray starts: a journal that could never be written is a usage error
+        from benchgen_router.serving.journal import check_journal_folder
+
+        check_journal_folder(args.journal)
     if args.model is not None:  # before Ray starts: a missing folder is a usage error in a second, not a minute
         from benchgen_router.loading import check_router_source
 

@@ -1,6 +1,10 @@
 """The router as an HTTP service on Ray Serve, and bulk routing of files with Ray Data.
 
-    app        the HTTP API: the service's one deployment, its schemas, request checks, errors as JSON
+    app        the HTTP API: the service's one deployment, its routes, errors as JSON
+    schemas    the documented shapes of its requests and answers
+    request_checks  reading and checking a request's body
+    feedback   feedback on journaled answers, and the journal's state in /healthz and the metrics
+    journal    the traffic journal's writer; journal_reading its reader
     gateway    the OpenAI-compatible gateway: forwarding a request to the picked agent
     replica    what a replica holds: the router, loaded in the background, and the batch merger
     service    starting and stopping it: serve()
@@ -17,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "DEFAULT_MAX_QUERIES": "app",
-    "DEFAULT_MAX_REQUEST_BYTES": "app",
+    "DEFAULT_MAX_QUERIES": "request_checks",
+    "DEFAULT_MAX_REQUEST_BYTES": "request_checks",
     "RouterService": "app",
     "api": "app",
     "pool_for_router": "replica",

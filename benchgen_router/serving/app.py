@@ -1,6 +1,7 @@
 """The HTTP API (routes and statuses in docs/service.md; the OpenAI-compatible gateway's in
-docs/gateway.md): the service's one deployment, its schemas, its request checks, and the one place
-where errors become JSON answers.
+docs/gateway.md): the service's one deployment, its routes, and the one place where errors become
+JSON answers. Its schemas are serving/schemas.py's, its request checks serving/request_checks.py's,
+feedback and the journal's health serving/feedback.py's.
 
 Each replica is the HTTP ingress and holds the router: reading a body is a coroutine on its event
 loop (a stalled upload holds one cheap slot, never the model), and the model runs on its one worker
@@ -9,27 +10,28 @@ thread, which merges the queries of every request waiting (serving/replica.py).
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) as types.
 import asyncio
-import contextlib
 import functools
-import json
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
 from ray import serve as ray_serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from benchgen_router.errors import InputError, RouterError, first_line
-from benchgen_router.files import text_problem
+from benchgen_router.serving.feedback import (
+    FEEDBACK_MAX_BYTES,
+    JournalMetrics,
+    journal_health,
+    journal_of,
+    take_feedback,
+)
 from benchgen_router.serving.gateway import (
     LARGE_BODY_BYTES,
     Gateway,
@@ -58,13 +60,27 @@ from benchgen_router.serving.replica import (
     route_items,
     set_torch_threads,
 )
+from benchgen_router.serving.request_checks import (
+    DEFAULT_MAX_QUERIES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    RequestError,
+    parse_route_body,
+    passthrough_text,
+    read_body,
+    while_connected,
+)
+from benchgen_router.serving.schemas import (
+    ERROR_RESPONSES,
+    ErrorResponse,
+    HealthProblem,
+    PoolResponse,
+    RouteRequest,
+    RouteResponse,
+)
 
 logger = logging.getLogger("benchgen_router.serving")
-T = TypeVar("T")
 
 SERVICE_NAME = "Router"
-DEFAULT_MAX_QUERIES = 256
-DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 # A client that sends headers and then stalls holds one request slot; its body must arrive within
 # this many seconds, or it gets a 408 and the slot is freed.
 BODY_TIMEOUT_S = 10.0
@@ -79,9 +95,6 @@ DEFAULT_MAX_WAITING_QUERIES = 1024
 READY_WAIT_S = 1.0
 # What a 503 tells a client (and HAProxy) about when to come back.
 RETRY_HEADERS = {"Retry-After": "1"}
-# A feedback body: an id, a score and a comment.
-FEEDBACK_MAX_BYTES = 64 << 10
-FEEDBACK_MAX_COMMENT_CHARS = 8192
 # What a request whose client left is logged with (nginx's "client closed request"); no one reads it.
 CLIENT_GONE_STATUS = 499
 ROUTED_COUNTER = "benchgen_router_routed_queries"
@@ -89,101 +102,6 @@ ROUTED_COUNTER = "benchgen_router_routed_queries"
 # route matched (an unknown model name that no path can hold) or the method is wrong.
 GATEWAY_PATHS = ("/v1/chat/", "/v1/models", "/v1/feedback")
 REJECTED_COUNTER = "benchgen_router_rejected_requests"
-
-
-class RouteRequest(BaseModel):
-    queries: list[str] = Field(
-        min_length=1,
-        description=f"Queries to route, at most {DEFAULT_MAX_QUERIES} per request by default "
-        f"(and {DEFAULT_MAX_REQUEST_BYTES} bytes of body); each must hold text the router can read.",
-        examples=[["What is the derivative of x^3 + 2x?"]],
-    )
-    operating_point: str | None = Field(
-        None,
-        description="For a router trained at several quality/cost/latency trade-offs: the operating point "
-        "(head) that routes these queries, one of the names GET /v1/pool lists under operating_points. "
-        "Absent or null: the service's default (marked there). A router with one head refuses it (422).",
-        examples=["quality"],
-    )
-    tradeoff: str | None = Field(
-        None,
-        description="For a router with a probability head: the rule that picks the agent from each agent's "
-        "probability of answering well, tolerance=T, lambda=L, budget=X, budget=X@AGENT or usd-per-1k=Y "
-        "(docs/tradeoff.md). Absent or null: the most likely agent. A bad spelling, or a router without a "
-        "probability head, is a 400.",
-        examples=["budget=0.3"],
-    )
-
-
-class RouteResult(BaseModel):
-    picked_agent: str = Field(description="The agent that should answer (argmax of the logits).")
-    agent_index: int = Field(description="Its position in the pool.")
-    probabilities: dict[str, float] = Field(
-        description="Softmax of the logits, by agent id, pool order (a probability head: each agent's own "
-        "probability of answering well, which need not sum to 1)."
-    )
-    logits: dict[str, float] = Field(description="The head's raw score of each agent, pool order.")
-    operating_point: str | None = Field(
-        None, description="Routers with operating points: the point whose head scored this query."
-    )
-    tradeoff: str | None = Field(
-        None, description="Routers with a probability head: the rule that picked this query's agent."
-    )
-    out_of_distribution: bool | None = Field(
-        None, description="Routers with a guard: the query is unlike the training distribution."
-    )
-    ood_score: float | None = Field(None, description="Routers with a guard: the guard's score (higher: further out).")
-    head_pick: str | None = Field(
-        None, description="Flagged queries: the head's own choice (picked_agent is then the fallback agent)."
-    )
-
-
-class RouterInfo(BaseModel):
-    name: str = Field(description="The router asked for ('default' for the bundled one).")
-    revision: str | None = Field(description="Its revision: the one asked for, the Hub commit, or a weights digest.")
-
-
-class RouteResponse(BaseModel):
-    results: list[RouteResult] = Field(description="One result per query, in request order.")
-    router: RouterInfo
-
-
-class PoolAgent(BaseModel):
-    id: str
-    slug: str | None = Field(None, description="The model this agent resolves to (with a pool file).")
-    price_per_1m_prompt_usd: float | None = Field(None, description="With a pool file.")
-    price_per_1m_output_usd: float | None = Field(None, description="With a pool file.")
-
-
-class OperatingPoint(BaseModel):
-    name: str = Field(description="What a request sends as operating_point.")
-    cost_weight: float = Field(description="Reward given up per USD per 1,000 queries saved, in training.")
-    latency_weight: float = Field(description="Reward given up per second per query saved, in training.")
-    default: bool = Field(description="The point requests without operating_point are routed at.")
-
-
-class PoolResponse(BaseModel):
-    agents: list[PoolAgent] = Field(description="The router's agents, in pool (logit) order.")
-    operating_points: list[OperatingPoint] | None = Field(
-        None, description="Routers trained at several trade-offs: their operating points, by name."
-    )
-    router: RouterInfo
-
-
-class ErrorResponse(BaseModel):
-    error: str = Field(description="One line naming the problem and the fix.")
-
-
-class HealthProblem(ErrorResponse):
-    status: str = Field(description="loading (retry soon), or failed (the router cannot serve; see the log).")
-
-
-class RequestError(InputError):
-    """A request the service refuses, with the HTTP status it is answered with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 # A refusal by the library (the router has no such operating point, a query it cannot score): the
@@ -205,16 +123,6 @@ api = FastAPI(
     version="1",
     description="Pick which agent of an LLM pool should answer each query.",
 )
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in (
-        (400, "The body is not a JSON object, or its tradeoff is not a rule this router has."),
-        (408, "The body did not arrive in time."),
-        (413, "More queries or bytes than the service's per-request limits."),
-        (422, "No queries, a query that is not text or that the router cannot score, or an unknown operating point."),
-        (503, "The router is loading, or has more queries waiting than it takes: retry (Retry-After)."),
-    )
-}
 
 
 def error_response(
@@ -266,140 +174,6 @@ async def _router_error(request: Request, err: Exception) -> JSONResponse:
     return error_response(request, status, message, err)
 
 
-async def read_body(request: Request, max_request_bytes: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
-    # Counted as it arrives, so a chunked upload never sits in memory whole; bounded in time, so a
-    # stalled client frees its slot.
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_request_bytes:
-        raise RequestError(
-            413, f"request body is {declared} bytes, over this service's limit of {max_request_bytes}; split it."
-        )
-    chunks: list[bytes] = []
-    size = 0
-
-    async def collect() -> None:
-        nonlocal size
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_request_bytes:
-                raise RequestError(
-                    413, f"request body is over this service's limit of {max_request_bytes} bytes; split it."
-                )
-            chunks.append(chunk)
-
-    try:
-        await asyncio.wait_for(collect(), timeout_s)
-    except TimeoutError:
-        raise RequestError(408, f"request body not received within {timeout_s:g} s; send it whole.") from None
-    except (ClientDisconnect, asyncio.CancelledError) as gone:
-        # The client went away (Ray Serve's proxy then cancels its request): one line, not a traceback.
-        logger.warning("a client disconnected after %d bytes of its request body", size)
-        if isinstance(gone, asyncio.CancelledError):
-            raise
-        raise RequestError(400, "the client disconnected before sending the whole body.") from None
-    return b"".join(chunks)
-
-
-async def until_disconnected(request: Request) -> None:
-    """Returns once the client is gone. Called after its body is read, when the next message the server
-    has for the request is its disconnect."""
-    while (await request.receive())["type"] != "http.disconnect":
-        await asyncio.sleep(0.1)  # not expected after the body; never a busy loop
-
-
-async def while_connected(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None when the client went away first: then `work` (an upstream call, which the
-    pool bills as long as it runs) is cancelled at once. Ray Serve cancels a request whose client leaves in
-    some of its modes only; this holds in every mode."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(until_disconnected(request))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        return None
-    return task.result()
-
-
-def passthrough_text(payload: dict[str, Any], route_on: str) -> str | None:
-    """What the router would score in a pass-through request, for its journal line; None when nothing."""
-    try:
-        return routing_text(payload.get("messages"), route_on)
-    except GatewayError:
-        return None
-
-
-def parse_feedback(body: bytes, known: Callable[[str], bool]) -> tuple[str, float, str | None]:
-    """(request id, score, comment) of a feedback body; a GatewayError naming the field otherwise."""
-    payload = parse_chat_body(body, 'a JSON object {"request_id": "...", "score": 1}')
-    unknown = sorted(set(payload) - {"request_id", "score", "comment"})
-    if unknown:
-        raise GatewayError(
-            400,
-            f"unknown field(s) {', '.join(map(repr, unknown))}; send request_id, score and comment.",
-            param=unknown[0],
-        )
-    request_id, score, comment = payload.get("request_id"), payload.get("score"), payload.get("comment")
-    if not isinstance(request_id, str) or not request_id:
-        raise GatewayError(
-            400, '"request_id" must be the x-benchgen-request-id of a gateway answer.', param="request_id"
-        )
-    if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
-        raise GatewayError(
-            400,
-            f'"score" must be a number from 0 to 1 (a thumbs up is 1), got {json.dumps(score)[:40]}.',
-            param="score",
-        )
-    if comment is not None and (not isinstance(comment, str) or len(comment) > FEEDBACK_MAX_COMMENT_CHARS):
-        raise GatewayError(
-            400, f'"comment" must be text of at most {FEEDBACK_MAX_COMMENT_CHARS} characters.', param="comment"
-        )
-    if not known(request_id):
-        raise GatewayError(
-            404,
-            f"request id {request_id[:80]!r} was not issued by this service's journal; send the "
-            "x-benchgen-request-id header of a gateway answer.",
-            code="request_not_found",
-            param="request_id",
-        )
-    return request_id, float(score), comment
-
-
-def parse_route_body(body: bytes, max_queries: int) -> tuple[list[str], Any, Any]:
-    # The body's shape only: its "operating_point" and "tradeoff" are returned as sent, checked against
-    # the router once it is loaded.
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, absurd nesting
-        reason = "nested too deeply" if isinstance(err, RecursionError) else first_line(err)
-        raise RequestError(400, f'body is not valid JSON ({reason}); send {{"queries": ["..."]}}.') from None
-    if not isinstance(payload, dict):
-        raise RequestError(400, f'body is a JSON {type(payload).__name__}, not an object; send {{"queries": [...]}}.')
-    if "queries" not in payload:
-        raise RequestError(422, 'body has no "queries" field; send {"queries": ["..."]}.')
-    queries = payload["queries"]
-    if isinstance(queries, str):
-        raise RequestError(422, '"queries" is a string, not a list; send {"queries": ["..."]}.')
-    if not isinstance(queries, list):
-        raise RequestError(422, f'"queries" is {type(queries).__name__}, not a list of strings.')
-    if not queries:
-        raise RequestError(422, '"queries" is empty; send at least one query.')
-    if len(queries) > max_queries:
-        raise RequestError(
-            413, f"{len(queries)} queries in one request, over this service's limit of {max_queries}; split it."
-        )
-    for position, query in enumerate(queries):
-        problem = text_problem(query, f"query {position}")
-        if problem:
-            raise RequestError(422, f"{problem}; a router cannot score it.")
-    return queries, payload.get("operating_point"), payload.get("tradeoff")
-
-
 @ray_serve.deployment(name=SERVICE_NAME)
 @ray_serve.ingress(api)
 class RouterService:
@@ -442,6 +216,7 @@ class RouterService:
         self.max_waiting_queries = max_waiting_queries
         self.routed = ServeCounter(ROUTED_COUNTER, description="Queries routed, by picked agent.", tag_keys=("agent",))
         self.rejected = ServeCounter(REJECTED_COUNTER, description="Requests refused, by status.", tag_keys=("status",))
+        self.journal_metrics = JournalMetrics() if self.gateway is not None and self.gateway.journal else None
 
     async def __del__(self) -> None:
         # Ray Serve's ingress wrapper awaits this when the replica stops, after the app's lifespan shutdown.
@@ -487,6 +262,11 @@ class RouterService:
         check_scorable(outcomes)
         return outcomes
 
+    def update_journal_metrics(self) -> None:
+        if self.journal_metrics is not None:
+            assert self.gateway is not None  # a journal is the gateway's
+            self.journal_metrics.update(self.gateway)
+
     def count_refusal(self, err: Exception) -> None:
         refused = http_error(err)
         if refused is not None:
@@ -507,7 +287,7 @@ class RouterService:
     async def route(self, request: Request) -> JSONResponse:
         try:
             loaded = await self.ready()
-            body = await read_body(request, self.max_request_bytes)
+            body = await read_body(request, self.max_request_bytes, BODY_TIMEOUT_S)
             queries, asked_point, asked_tradeoff = parse_route_body(body, self.max_queries)
             results = await self.scored(loaded, queries, asked_point, asked_tradeoff)
         except Exception as err:  # counted here, answered by the error handler
@@ -531,7 +311,7 @@ class RouterService:
     @api.api_route(
         "/healthz",
         methods=["GET", "HEAD"],
-        summary="200 once the router is loaded, a JSON 503 until then",
+        summary="200 once the router is loaded (with the traffic journal's state), a JSON 503 until then",
         responses={503: {"model": HealthProblem}},
     )
     async def healthz(self) -> Any:
@@ -540,7 +320,13 @@ class RouterService:
         except RequestError as err:
             state = "loading" if self.loaded is None else "failed"
             return JSONResponse({"error": str(err), "status": state}, status_code=503, headers=RETRY_HEADERS)
-        return {"status": "ok", "router": loaded.identity}
+        health: dict[str, Any] = {"status": "ok", "router": loaded.identity}
+        if self.gateway is not None and self.gateway.journal is not None:
+            # Still a 200 when the journal cannot write: answers do not need it, and a 503 would take the
+            # replica out of service for what costs no answer.
+            self.update_journal_metrics()
+            health["journal"] = journal_health(self.gateway.journal)
+        return health
 
     # -----------------------------------------------------------------------------------------
     # The OpenAI-compatible gateway (docs/gateway.md)
@@ -585,11 +371,13 @@ class RouterService:
         except Exception as err:  # counted here, answered by the error handler
             self.count_refusal(err)
             raise
+        finally:
+            self.update_journal_metrics()
 
     async def chat_counted(self, request: Request) -> Response:
         gateway = self.gateway_on(request)
         loaded = await self.ready()
-        body = await read_body(request, gateway.settings.max_request_bytes)
+        body = await read_body(request, gateway.settings.max_request_bytes, BODY_TIMEOUT_S)
         big = len(body) > LARGE_BODY_BYTES
         payload = await off_loop(big, parse_chat_body, body)
         target = parse_model(payload.get("model"), gateway.settings.upstreams, loaded.point_names)
@@ -669,20 +457,14 @@ class RouterService:
     async def feedback(self, request: Request) -> JSONResponse:
         try:
             gateway = self.gateway_on(request)
-            if gateway.journal is None:
-                raise GatewayError(
-                    404,
-                    "this service keeps no traffic journal, so it takes no feedback; restart it with --journal DIR "
-                    "(docs/gateway.md).",
-                    code="journal_not_configured",
-                )
-            body = await read_body(request, FEEDBACK_MAX_BYTES)
-            request_id, score, comment = parse_feedback(body, gateway.journal.known_request_id)
+            journal = journal_of(gateway)
+            body = await read_body(request, FEEDBACK_MAX_BYTES, BODY_TIMEOUT_S)
+            request_id, score = take_feedback(journal, body)
         except Exception as err:  # counted here, answered by the error handler
             self.count_refusal(err)
             raise
-        gateway.journal.record_feedback(request_id, score, comment)
-        gateway.count_journal_failures()
+        finally:
+            self.update_journal_metrics()
         return JSONResponse({"object": "feedback", "request_id": request_id, "score": score})
 
     @api.get("/v1/models", summary="OpenAI's model list: the router, at each operating point, and each agent")
