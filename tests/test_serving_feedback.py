@@ -6,6 +6,12 @@ real service's Prometheus endpoint in test_serving_journal_service.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +96,115 @@ def test_health_follows_the_journals_counts(tmp_path):
     health = journal_health(journal)
     assert health["writing"] is False and "cannot write (the journal is closed)" in health["error"]
     assert health["lines_lost"] == 1 and health["feedback_refused"] == 2 and health["files_removed"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# A running service whose journal's disk fills, then is freed: `benchgen-router serve` in a mount
+# namespace of its own, its journal on a 64 KiB tmpfs that a spare file fills before it starts.
+
+
+def metric(text: str, name: str) -> float | None:
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+    return sum(values) if values else None
+
+
+def wait_for(check, what: str, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"{what} within {timeout_s} s")
+
+
+@pytest.mark.slow
+def test_a_service_whose_journal_disk_is_full_keeps_answering_and_says_so(tmp_path, backbone_dir):
+    import httpx
+    from test_serving_gateway_hostile import AGENTS, answered, build_router
+    from test_serving_journal import in_own_mount_namespace
+
+    from benchgen_router.serving.engine import free_port
+    from helpers import PROJECT_ROOT
+    from upstream_server import MisbehavingUpstream
+
+    namespace = in_own_mount_namespace()
+    router = build_router(tmp_path / "router", backbone_dir)
+    disk, log = tmp_path / "disk", tmp_path / "serve.log"
+    disk.mkdir()
+    port, metrics_port = free_port(), free_port()
+    url, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
+    with MisbehavingUpstream(lambda body: answered()) as upstream:
+        pool = tmp_path / "agents.json"
+        pool.write_text(json.dumps({"agents": [
+            {"agent_id": agent, "base_url": upstream.base_url, "model": agent} for agent in AGENTS
+        ]}))  # fmt: skip
+        script = (
+            f"mount -t tmpfs -o size=64k tmpfs {disk} && mkdir {disk}/journal && "
+            f"head -c 32 /dev/urandom > {disk}/journal/.key && chmod 600 {disk}/journal/.key && "
+            f"(dd if=/dev/zero of={disk}/spare bs=1k 2>/dev/null; true) && "
+            f"exec {sys.executable} -m benchgen_router serve --model {router} --pool {pool} --port {port} "
+            f"--metrics-port {metrics_port} --journal {disk}/journal"
+        )
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "RAY_metrics_report_interval_ms": "1000"}
+        with log.open("wb") as output:
+            served = subprocess.Popen(
+                [*namespace, "sh", "-c", script], stdout=output, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        inside = Path(f"/proc/{served.pid}/root") / disk.relative_to("/")  # the tmpfs, seen from outside
+        http = httpx.Client(timeout=60, trust_env=False)
+        try:
+            wait_for(lambda: served.poll() is None and healthy(http, url), f"serve up ({log.read_text()[-2000:]})", 300)
+
+            def chat() -> httpx.Response:
+                body = {"model": "benchgen-router", "messages": [{"role": "user", "content": "what is 2 + 2"}]}
+                return http.post(f"{url}/v1/chat/completions", json=body)
+
+            assert chat().status_code == 200  # answered, its journal line lost
+            journal = wait_for(lambda: lost_lines(http, url), "the journal reporting lost lines")
+            assert journal["writing"] is False and "No space left on device" in journal["error"]
+            text = wait_for(lambda: exported(http, metrics_url, 0), "the metrics showing the journal stopped")
+            assert metric(text, "ray_benchgen_router_gateway_journal_write_failures_total") >= 1
+
+            (inside / "spare").unlink()  # an operator frees the disk
+            answered_after = chat()
+            assert answered_after.status_code == 200
+            assert wait_for(lambda: healthy(http, url)["journal"]["writing"], "the journal writing again")
+            wait_for(lambda: exported(http, metrics_url, 1), "the metrics showing the journal writing again")
+            request_id = answered_after.headers["x-benchgen-request-id"]
+            calls = wait_for(lambda: read_journal(inside / "journal").calls, "the line written after the disk freed")
+            assert [call["request_id"] for call in calls] == [request_id]
+        finally:
+            http.close()
+            os.killpg(served.pid, signal.SIGINT)
+            served.wait(timeout=120)
+    lines = log.read_text(errors="replace").splitlines()
+    stopped = [line for line in lines if "cannot write (No space left on device)" in line]
+    assert len(stopped) == 1 and "not being written" in stopped[0]  # (its level: test_serving_journal.py)
+    assert len([line for line in lines if "writing again" in line]) == 1
+
+
+def healthy(http, url: str) -> dict | None:
+    import httpx
+
+    try:
+        answer = http.get(f"{url}/healthz")
+    except httpx.HTTPError:  # not listening yet
+        return None
+    return answer.json() if answer.status_code == 200 else None
+
+
+def lost_lines(http, url: str) -> dict | None:
+    journal = (healthy(http, url) or {}).get("journal", {})
+    return journal if journal.get("lines_lost") else None
+
+
+def exported(http, metrics_url: str, writing: int) -> str | None:
+    import httpx
+
+    try:
+        text = http.get(metrics_url).text
+    except httpx.HTTPError:  # the exporter not up yet
+        return None
+    return text if metric(text, "ray_benchgen_router_journal_writing") == writing else None
