@@ -56,7 +56,8 @@ MARKUP = "*_`"  # markdown emphasis and code marks around an answer
 # to absorb how a number is written ("16.0", "1.6e1"), not rounding.
 REL_TOL = 1e-6
 # math-verify's per-call limits (seconds). They use SIGALRM, which only the main thread may set;
-# elsewhere math-verify raises, so a grader running in a worker thread runs without them.
+# elsewhere math-verify raises, so a grader running in a worker thread runs without them, and one
+# whose caller bounds the grade itself (collect's grading workers: collect/grading.py) turns them off.
 MATH_TIMEOUT_S = 5
 # A final answer sits at the end of a response: the graders read its last GRADED_CHARS characters, and
 # math-verify is asked about an extracted answer of at most MATH_CHARS (longer ones are compared as
@@ -81,10 +82,18 @@ MATH_EQUIVALENCES = ("value", "string")
 
 
 def grade(
-    grader: str, raw_response: str | None, answer: str, math_equivalence: str = "value", **task: object
+    grader: str,
+    raw_response: str | None,
+    answer: str,
+    math_equivalence: str = "value",
+    *,
+    signal_limits: bool = True,
+    **task: object,
 ) -> Graded:
     """Grade one response with the task's grader. `task` takes the rest of a task row (prompt,
-    answer_type, ...) so that a whole row can be passed; the graders need only its answer."""
+    answer_type, ...) so that a whole row can be passed; the graders need only its answer.
+    `signal_limits=False` turns math-verify's own time limits off, for a caller that bounds the grade's
+    time itself (collect/grading.py)."""
     try:
         function = GRADERS[grader]
     except KeyError:
@@ -95,7 +104,7 @@ def grade(
         return Graded(None, False)
     raw_response = raw_response[-GRADED_CHARS:]
     if function is math_expression:
-        return math_expression(raw_response, answer, math_equivalence)
+        return math_expression(raw_response, answer, math_equivalence, signal_limits)
     return function(raw_response, answer)
 
 
@@ -150,12 +159,13 @@ def mcq_letter(raw_response: str, answer: str) -> Graded:
     return Graded(letter, letter is not None and letter == answer.strip().upper())
 
 
-def math_expression(raw_response: str, answer: str, equivalence: str = "value") -> Graded:
+def math_expression(raw_response: str, answer: str, equivalence: str = "value", signal_limits: bool = True) -> Graded:
     """The last `\\boxed{}` (else the last line), equal in value to the answer by math-verify:
     `\\frac12` and `0.5` match `\\frac{1}{2}`, and `10080` matches `10,\\!080`, which the pilot's
-    string comparison failed. With `equivalence="string"`, that comparison instead."""
+    string comparison failed. With `equivalence="string"`, that comparison instead. math-verify's time
+    limits hold on the main thread, unless `signal_limits` is False."""
     boxed = last_boxed(raw_response)
-    extracted = last_line(raw_response) if boxed is None else boxed
+    extracted = math_extracted(raw_response)
     if not extracted:
         return Graded(None, False)
     if equivalence == "string":
@@ -173,11 +183,18 @@ def math_expression(raw_response: str, answer: str, equivalence: str = "value") 
             "pip install 'benchgen-router[collect]'."
         ) from None
 
-    limit = MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    limit = MATH_TIMEOUT_S if signal_limits and on_main_thread else None
     _bound_math_verify_logs()
     gold = parse(f"${DISJUNCTION.sub(',', answer)}$", parsing_timeout=limit)
     target = parse(DISJUNCTION.sub(",", extracted if boxed is None else f"\\boxed{{{boxed}}}"), parsing_timeout=limit)
     return Graded(extracted, bool(gold and target and verify(gold, target, timeout_seconds=limit)))
+
+
+def math_extracted(raw_response: str) -> str:
+    """What math_expression reads as the final answer: the last `\\boxed{}`'s content, else the last line."""
+    boxed = last_boxed(raw_response)
+    return last_line(raw_response) if boxed is None else boxed
 
 
 def exact_match_ci(raw_response: str, answer: str) -> Graded:

@@ -24,6 +24,7 @@ from benchgen_router.collect import Answer, CollectConfig, calls_row, collect, r
 from benchgen_router.collect.asking import STOPPED_AT_COST_CAP
 from benchgen_router.collect.chat import RetryPolicy, retry_after_seconds
 from benchgen_router.collect.formats import CALL_FIELDS, dump_row, task_from_row
+from benchgen_router.collect.grading import Graders
 from benchgen_router.collect.outputs import call_record
 from benchgen_router.errors import InputError, Terminated, raise_terminated
 from benchgen_router.upstreams import Upstream
@@ -134,8 +135,9 @@ def test_the_pilot_call_fields_are_the_ones_collect_records():
     assert tuple(row["calls"][0]) == CALL_FIELDS
     upstream = Upstream("a", "m", "http://127.0.0.1:9/v1", price_per_1m_prompt_usd=1.0, price_per_1m_output_usd=2.0)
     task = task_from_row({"task_id": "t", "prompt": "p", "answer": "16", "grader": "numeric_match"}, "task")
+    graders = Graders("value", workers=1)
     answered = call_record(
-        upstream, 1, Answer("Answer: 16", {"prompt_tokens": 3, "completion_tokens": 2}, "g", 7), task
+        upstream, 1, Answer("Answer: 16", {"prompt_tokens": 3, "completion_tokens": 2}, "g", 7), task, graders
     )
     assert tuple(answered) == CALL_FIELDS
     assert answered | {"cost_usd": None} == {
@@ -144,13 +146,13 @@ def test_the_pilot_call_fields_are_the_ones_collect_records():
         "repetition": 1, "role": None,
     }  # fmt: skip
     assert answered["cost_usd"] == pytest.approx((3 * 1.0 + 2 * 2.0) / 1e6)
-    failed = call_record(upstream, 0, Answer(None, None, None, 40, "HTTP 503: busy (after 4 attempts)"), task)
+    failed = call_record(upstream, 0, Answer(None, None, None, 40, "HTTP 503: busy (after 4 attempts)"), task, graders)
     assert failed | {"latency_ms": None} == {
         "agent": "a", "completion_tokens": 0, "correct": False, "cost_usd": 0.0, "empty": False,
         "error": "HTTP 503: busy (after 4 attempts)", "extracted": None, "generation_id": None, "latency_ms": None,
         "prompt_tokens": 0, "raw_response": None, "repetition": 0, "role": None,
     }  # fmt: skip
-    empty = call_record(upstream, 0, Answer("", {"prompt_tokens": 3, "completion_tokens": 9}, "g", 7), task)
+    empty = call_record(upstream, 0, Answer("", {"prompt_tokens": 3, "completion_tokens": 9}, "g", 7), task, graders)
     assert empty["empty"] is True and empty["correct"] is False and empty["extracted"] is None
 
 
@@ -487,7 +489,7 @@ def test_a_stalled_upstream_times_out(tmp_path, one_task, stalled_upstream_url):
 @needs_httpx
 def test_a_hostile_answer_is_graded_beside_the_loop(tmp_path, one_task, monkeypatch):
     """ "The answer" + 100,000 spaces + "is 42" took 8.6 s on the event loop with a quadratic pattern; now
-    it is graded in a worker thread (math-verify's answers stay on the main thread, for its time limits)."""
+    it is graded in a worker thread."""
     from benchgen_router.collect import asking
 
     graded_on: list[bool] = []
@@ -504,6 +506,40 @@ def test_a_hostile_answer_is_graded_beside_the_loop(tmp_path, one_task, monkeypa
     }
     _, call = scripted_run(tmp_path, [(200, {}, hostile)])
     assert call["extracted"] == "42" and graded_on == [False]  # its time: test_graders' linear-time tests
+
+
+@needs_httpx
+def test_a_math_answer_math_verify_cannot_finish_holds_up_no_other_call(tmp_path, capsys, caplog):
+    """`\\boxed{9^{9^{9^{9}}}}` took 5 s of math-verify on the event loop, and every call in flight waited
+    for it: here b's answer, ready after 0.3 s, was read 5 s late. The answer is graded in a worker process
+    within GRADE_TIME_LIMIT_S, graded wrong when past it, counted in the summary, and not graded again when
+    the files are written."""
+    from benchgen_router.collect.grading import GRADE_TIME_LIMIT_S
+    from helpers import cli
+
+    def answer(headers: object, body: dict) -> dict:
+        if body["model"] == "m-b":
+            time.sleep(0.3)
+        content = "\\boxed{9^{9^{9^{9}}}}" if body["model"] == "m-a" else "So \\boxed{1}"
+        return {**OK_BODY, "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+
+    task = {"task_id": "m", "prompt": "What is 1 + 0?", "answer": "1", "grader": "math_expression"}
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    with Scripted([(200, {}, answer)]) as server:
+        write_pool(tmp_path / "pool.json", {"a": server.base_url, "b": server.base_url})
+        args = ["--tasks", tmp_path / "tasks.jsonl", "--pool", tmp_path / "pool.json"]
+        args += ["--output", tmp_path / "calls.jsonl", "--repetitions", "1", "--concurrency", "2", "--no-progress"]
+        started = time.perf_counter()
+        assert cli("collect", *args) == 0
+        seconds = time.perf_counter() - started
+    (row,) = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    hostile, fine = row["calls"]
+    assert (hostile["extracted"], hostile["correct"]) == ("9^{9^{9^{9}}}", False)
+    assert (fine["extracted"], fine["correct"]) == ("1", True)
+    assert fine["latency_ms"] < 2000, fine  # read when it came, while a's answer was being graded
+    assert seconds < GRADE_TIME_LIMIT_S + 8  # graded once: writing the files did not grade it again
+    warning = f"warning: 1 answers graded wrong: their grade ran past its {GRADE_TIME_LIMIT_S:g} s limit"
+    assert warning in caplog.text
 
 
 def oversize_upstream(framing: str) -> MisbehavingUpstream:

@@ -231,6 +231,15 @@ def run(args: argparse.Namespace) -> int:
             "answers (--verbose shows each)",
             result.failed,
         )
+    if result.grader_timeouts:
+        from benchgen_router.collect.grading import GRADE_TIME_LIMIT_S
+
+        logger.warning(
+            "warning: %d answers graded wrong: their grade ran past its %g s limit (math-verify on an answer such "
+            "as \\boxed{9^{9^{9^{9}}}}); --verbose names each",
+            result.grader_timeouts,
+            GRADE_TIME_LIMIT_S,
+        )
     if result.stopped == STOPPED_AT_COST_CAP:
         logger.warning(
             "warning: stopped at --max-cost-usd %g: %d calls not asked; --resume with a higher cap asks them",

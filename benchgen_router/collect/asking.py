@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from benchgen_router.collect.chat import Answer, RetryPolicy
 from benchgen_router.collect.formats import JUDGE_GRADER, Task
+from benchgen_router.collect.grading import Graders
 from benchgen_router.collect.journal import Journal
 from benchgen_router.collect.judge import Judge, JudgeAsker, judge_answer
 from benchgen_router.collect.outputs import call_record, needs_judge
@@ -82,10 +83,11 @@ class Asking:
         journal: Journal,
         spend: Spend,
         bar: Any,
+        graders: Graders,
         judge: Judge | None = None,
     ) -> None:
         self.config, self.pool, self.journal, self.spend, self.bar = config, pool, journal, spend, bar
-        self.judge = judge
+        self.graders, self.judge = graders, judge
         self.made = self.failed = self.judged = self.rated = 0
         self.cost_usd = self.judge_cost_usd = 0.0
         self.stopped: str | None = None
@@ -118,15 +120,15 @@ class Asking:
     async def answer(self, ask: Asker, task: Task, agent: str, repetition: int) -> None:
         upstream = self.pool.upstreams[agent]
         answer = await ask(upstream, task.prompt)
-        record = (upstream, repetition, answer, task, self.config.math_equivalence)
-        try:
-            if task.grader == "math_expression":  # math-verify's time limits (SIGALRM) hold on the main thread only
-                call = call_record(*record)
-            else:  # a long answer is graded beside the loop, which goes on serving the other calls
-                call = await asyncio.to_thread(call_record, *record)
+        record = (upstream, repetition, answer, task, self.graders)
+        try:  # graded beside the loop, which goes on serving the other calls (collect/grading.py)
+            call = await asyncio.to_thread(call_record, *record)
         except asyncio.CancelledError:  # the run stops: an answered call is journaled all the same
             self.record(task, agent, repetition, call_record(*record))
             raise
+        if self.graders.timed_out(task.grader, call["raw_response"], task.answer):
+            logger.debug("%s on %s (repetition %d): its grade ran past %g s; graded wrong", agent, task.task_id,
+                         repetition, self.graders.time_limit_s)  # fmt: skip
         self.record(task, agent, repetition, call)
 
     def record(self, task: Task, agent: str, repetition: int, call: dict[str, Any]) -> None:

@@ -10,27 +10,26 @@ from typing import TYPE_CHECKING, Any
 
 from benchgen_router.collect.chat import Answer
 from benchgen_router.collect.formats import JUDGE_GRADER, Task, calls_row, dump_row, rewards_row, tally
+from benchgen_router.collect.grading import Graders
 from benchgen_router.collect.journal import Cell, Entry
 from benchgen_router.collect.judge import reward
 from benchgen_router.files import atomic_output
-from benchgen_router.graders import grade
 from benchgen_router.upstreams import Upstream
 
 if TYPE_CHECKING:
     from benchgen_router.collect.run import CollectConfig
 
 
-def call_record(
-    upstream: Upstream, repetition: int, answer: Answer, task: Task, math_equivalence: str = "value"
-) -> dict[str, Any]:
-    """A call in the pilot's format. A failed call reports no usage: it is recorded with 0 tokens and
-    0 USD (nothing was billed that anyone could know of), no response, and as a wrong answer."""
+def call_record(upstream: Upstream, repetition: int, answer: Answer, task: Task, graders: Graders) -> dict[str, Any]:
+    """A call in the pilot's format, graded by `graders`. A failed call reports no usage: it is recorded
+    with 0 tokens and 0 USD (nothing was billed that anyone could know of), no response, and as a wrong
+    answer."""
     failed = answer.error is not None
     raw = None if failed else answer.content or ""
     if task.grader == JUDGE_GRADER:  # rated by the judge once journaled: no grader's verdict here
         extracted, correct = None, None
     else:
-        graded = grade(task.grader, raw, task.answer, math_equivalence)
+        graded = graders.grade(task.grader, raw, task.answer)
         extracted, correct = graded.extracted, graded.correct
     usage = answer.usage or {}
 
@@ -62,7 +61,7 @@ def needs_judge(task: Task, call: Mapping[str, Any]) -> bool:
 
 
 def current_call(
-    entry: Entry, task: Task, math_equivalence: str, verdicts: Mapping[Cell, Mapping[str, Any]]
+    entry: Entry, task: Task, graders: Graders, verdicts: Mapping[Cell, Mapping[str, Any]]
 ) -> Mapping[str, Any]:
     """A journaled call graded against the task as it is now and the run's grading: a corrected
     answer key or another math equivalence applies on resume without asking again. A judged call
@@ -75,7 +74,7 @@ def current_call(
         return {**call, "extracted": None, "correct": None, "reward": value, "judge": verdict}
     if call["error"] is not None:
         return call
-    graded = grade(task.grader, call["raw_response"], task.answer, math_equivalence)
+    graded = graders.grade(task.grader, call["raw_response"], task.answer)
     return {**call, "extracted": graded.extracted, "correct": graded.correct}
 
 
@@ -89,6 +88,7 @@ class Written:
     tasks: int  # rows of the calls file
     rated: int  # rows of the rewards file (every agent with a graded answer)
     ungraded: int  # judged answers without a rating in the calls file
+    grader_timeouts: int  # answers in the calls file graded wrong because their grade ran past its time limit
 
 
 def write_outputs(
@@ -97,18 +97,18 @@ def write_outputs(
     agents: Sequence[str],
     pool_version: str,
     entries: Mapping[Cell, Entry],
-    verdicts: Mapping[Cell, Mapping[str, Any]] | None = None,
+    verdicts: Mapping[Cell, Mapping[str, Any]],
+    graders: Graders,
 ) -> Written:
     """Both files, atomically, from the journal's entries: the tasks whose every cell is answered (and
     every answer of a judged task rated or left ungraded by the judge), in the tasks file's order. The
     rewards file leaves out a judged task where some agent has no graded answer: its reward is unknown,
     and counting its ungraded answers as wrong would be false."""
-    verdicts = {} if verdicts is None else verdicts
     rows = []
     for task in tasks:
         cells = [(task.task_id, agent, r) for agent in agents for r in range(config.repetitions)]
         if all(complete(task, cell, entries, verdicts) for cell in cells):
-            calls = [current_call(entries[cell], task, config.math_equivalence, verdicts) for cell in cells]
+            calls = [current_call(entries[cell], task, graders, verdicts) for cell in cells]
             rows.append((calls_row(task.task_id, agents, calls, config.repetitions, pool_version), task))
     rated = [(row, task) for row, task in rows if tally(row["agent_order"], row["calls"]).rated]
     inputs = tuple(path for path in (config.tasks, config.pool, config.judge_pool) if path is not None)
@@ -117,4 +117,7 @@ def write_outputs(
     with atomic_output(config.rewards_path, inputs=inputs) as handle:
         handle.writelines(dump_row(rewards_row(row, task)) for row, task in rated)
     ungraded = sum(call.get("reward", 0.0) is None for row, _ in rows for call in row["calls"])
-    return Written(len(rows), len(rated), ungraded)
+    timeouts = sum(
+        graders.timed_out(task.grader, call["raw_response"], task.answer) for row, task in rows for call in row["calls"]
+    )
+    return Written(len(rows), len(rated), ungraded, timeouts)

@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,9 +16,10 @@ from typing import Any
 
 from benchgen_router.collect.asking import Asker, Asking, Spend, ask_all
 from benchgen_router.collect.formats import JUDGE_GRADER, Task, pool_digest, read_tasks
+from benchgen_router.collect.grading import Graders
 from benchgen_router.collect.journal import Journal, JournalLock, JournalWriteFailed
 from benchgen_router.collect.judge import Judge, JudgeAsker, resolve_judge
-from benchgen_router.collect.outputs import complete, write_outputs
+from benchgen_router.collect.outputs import Written, complete, write_outputs
 from benchgen_router.errors import InputError, Terminated, setting_error
 from benchgen_router.files import check_output_path
 from benchgen_router.upstreams import UpstreamPool, read_upstream_pool
@@ -82,6 +84,7 @@ class CollectResult:
     judge_cost_usd: float = 0.0  # what this run's judge calls cost (part of cost_usd)
     ungraded: int = 0  # judged answers in the written files that the judge gave no rating
     tasks_rated: int = 0  # rows of the rewards file: written tasks where every agent has a graded answer
+    grader_timeouts: int = 0  # answers in the written files graded wrong: their grade ran past its time limit
 
     @property
     def calls_per_s(self) -> float:
@@ -254,30 +257,40 @@ def _collect(
     from tqdm.auto import tqdm
 
     spend = Spend([entry.call for entry in journal.entries.values()], list(journal.verdicts.values()))
+    # Grading is CPU work: more grading workers than cores would only make each grade slower.
+    graders = Graders(config.math_equivalence, workers=max(1, min(config.concurrency, os.cpu_count() or 1)))
+
+    def write() -> Written:
+        return write_outputs(config, tasks, pool.agents, pool_version, journal.entries, journal.verdicts, graders)
+
     started = time.perf_counter()
-    with tqdm(total=len(pending), unit="call", desc="collect", disable=not config.progress, dynamic_ncols=True) as bar:
-        bar.set_postfix_str(f"{spend.total:.4f} USD", refresh=False)
-        asking = Asking(config, pool, journal, spend, bar, judge)
-        try:
-            if pending:
-                asyncio.run(ask_all(asking, pending, ask, judge_ask))
-        except OSError as err:  # the journal could not take a finished call (a full disk)
-            with contextlib.suppress(OSError, InputError):  # the files too, most likely; the journal is what counts
-                write_outputs(config, tasks, pool.agents, pool_version, journal.entries, journal.verdicts)
-            raise _write_failed(journal.path, err, asking.made) from None
-        except (KeyboardInterrupt, Terminated):
-            written = write_outputs(config, tasks, pool.agents, pool_version, journal.entries, journal.verdicts)
-            logger.warning(
-                "stopped: %d of %d tasks complete, written to %s; the journal %s keeps %d answered calls, "
-                "resume it (--resume) to ask only the rest",
-                written.tasks, len(tasks), config.output, journal.path, len(journal.entries),
-            )  # fmt: skip
-            raise
-    seconds = time.perf_counter() - started
+    bar = tqdm(total=len(pending), unit="call", desc="collect", disable=not config.progress, dynamic_ncols=True)
     try:
-        written = write_outputs(config, tasks, pool.agents, pool_version, journal.entries, journal.verdicts)
-    except (OSError, InputError) as err:
-        raise _write_failed(getattr(err, "filename", None) or config.output, err, asking.made) from None
+        with bar:
+            bar.set_postfix_str(f"{spend.total:.4f} USD", refresh=False)
+            asking = Asking(config, pool, journal, spend, bar, graders, judge)
+            try:
+                if pending:
+                    asyncio.run(ask_all(asking, pending, ask, judge_ask))
+            except OSError as err:  # the journal could not take a finished call (a full disk)
+                with contextlib.suppress(OSError, InputError):  # the files too, most likely; the journal counts
+                    write()
+                raise _write_failed(journal.path, err, asking.made) from None
+            except (KeyboardInterrupt, Terminated):
+                written = write()
+                logger.warning(
+                    "stopped: %d of %d tasks complete, written to %s; the journal %s keeps %d answered calls, "
+                    "resume it (--resume) to ask only the rest",
+                    written.tasks, len(tasks), config.output, journal.path, len(journal.entries),
+                )  # fmt: skip
+                raise
+        seconds = time.perf_counter() - started
+        try:
+            written = write()
+        except (OSError, InputError) as err:
+            raise _write_failed(getattr(err, "filename", None) or config.output, err, asking.made) from None
+    finally:
+        graders.close()
     return CollectResult(
         output=Path(config.output),
         rewards_output=config.rewards_path,
@@ -297,4 +310,5 @@ def _collect(
         judge_cost_usd=asking.judge_cost_usd,
         ungraded=written.ungraded,
         tasks_rated=written.rated,
+        grader_timeouts=written.grader_timeouts,
     )
