@@ -538,3 +538,35 @@ def test_collect_from_a_journal_as_users_run_it(tmp_path, capsys, caplog):
     assert rows["Name a mountain."]["feedback_reward"] == [0.9, 1.0]
     assert rows["Name a mountain."]["n_feedback"] == [0, 1]
     assert "spot on" not in (tmp_path / "calls.tasks.jsonl").read_text()  # a comment is never a task's
+
+
+def test_a_from_journal_run_refused_by_another_run_touches_nothing(tmp_path, capsys):
+    """While a run holds the output's journal, a second `collect --from-journal --resume` on that output
+    exits 75 having created, replaced and removed nothing: it sampled the journal into calls.tasks.jsonl
+    first, then, refused, removed that file, which the run holding the journal had sampled and was
+    using. The folder's modification time shows any file made, renamed over or removed in it."""
+    from benchgen_router.collect.journal import JournalLock
+    from benchgen_router.serving.journal import TrafficJournal
+
+    journal = TrafficJournal(tmp_path / "journal", keep_text=True)
+    journal.record_call({"request_id": journal.new_request_id(), "agent": "a", "status": 200}, "Name a river.")
+    journal.close()
+    out = tmp_path / "out"
+    out.mkdir()
+    write_pool(out / "pool.json", [("a", "http://127.0.0.1:9/v1", "m-a")])
+    write_pool(out / "judge.json", [("judge", "http://127.0.0.1:9/v1", "m-judge")])
+    holder = JournalLock(out / "calls.jsonl.journal").acquire()  # as the run that holds the output would
+    try:
+        before = sorted(path.name for path in out.iterdir())
+        os.utime(out, ns=(1_000_000_000, 1_000_000_000))
+        code = cli(
+            "collect", "--from-journal", tmp_path / "journal", "--sample", "1", "--resume",
+            "--pool", out / "pool.json", "--judge-pool", out / "judge.json", "--output", out / "calls.jsonl",
+            "--no-progress",
+        )  # fmt: skip
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 75 and len(err) == 1 and "is in use by another collect run" in err[0], err
+        assert sorted(path.name for path in out.iterdir()) == before
+        assert out.stat().st_mtime_ns == 1_000_000_000  # nothing was created, renamed or removed in it
+    finally:
+        holder.release()

@@ -277,6 +277,28 @@ def test_resuming_with_the_pilots_string_rule_regrades_math_without_asking_again
     assert any(sum(row) for row in values) and not any(sum(row) for row in strings)  # "Answer: 4" is not "4"
 
 
+def test_a_run_holding_its_journal_runs_collect_under_it_and_another_thread_is_refused(tmp_path):
+    from benchgen_router.collect import JournalInUse
+    from benchgen_router.collect.run import holding_journal
+
+    cfg = config(tmp_path)
+    refused: list[BaseException] = []
+
+    def other_run() -> None:
+        try:
+            collect(cfg, ask=FakeAsker())
+        except JournalInUse as err:
+            refused.append(err)
+
+    with holding_journal(cfg):
+        other = threading.Thread(target=other_run)
+        other.start()
+        other.join()
+        assert len(refused) == 1 and not cfg.journal_path.exists()  # refused before anything was written
+        assert collect(cfg, ask=FakeAsker()).made == 24  # this thread's run goes on under the lock it holds
+    assert not cfg.journal_path.with_name(cfg.journal_path.name + ".lock").exists()
+
+
 def test_an_existing_journal_or_output_is_refused_without_resume(tmp_path):
     collect(config(tmp_path), ask=FakeAsker())
     with pytest.raises(InputError) as error:

@@ -199,9 +199,12 @@ def run(args: argparse.Namespace) -> int:
         if args.from_journal is None:
             result = collect(config)
         else:
+            from benchgen_router.collect.run import holding_journal
             from benchgen_router.collect.traffic import JournalSource, collect_from_journal
 
-            sample, result = collect_from_journal(config, JournalSource(args.from_journal, args.sample, args.seed))
+            # The lock first: a run refused for another holding this output samples, writes and removes nothing.
+            with holding_journal(config):
+                sample, result = collect_from_journal(config, JournalSource(args.from_journal, args.sample, args.seed))
             print(_sample_line(sample))
     except (JournalInUse, JournalWriteFailed) as err:
         print(f"error: {err.for_command_line()}", file=sys.stderr)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib.util
 import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,10 +171,30 @@ def collect(config: CollectConfig, ask: Asker | None = None, judge_ask: JudgeAsk
     inputs = tuple(Path(path) for path in (config.tasks, config.pool, config.judge_pool) if path is not None)
     for path in (output, rewards):
         check_output_path(path, inputs)
-    lock = JournalLock(config.journal_path).acquire()  # a second run on this output asks nothing
-    try:
+    with holding_journal(config):  # a second run on this output asks nothing
         return _collect_locked(config, tasks, pool, pool_version, agents, models, ask, judge, judge_ask)
+
+
+# The journals this thread (this asyncio task) holds the lock of, by resolved path.
+_HELD: contextvars.ContextVar[frozenset[Path]] = contextvars.ContextVar("held_journals", default=frozenset())
+
+
+@contextlib.contextmanager
+def holding_journal(config: CollectConfig) -> Iterator[None]:
+    """Hold the lock of `config`'s journal for the block: another run holding it is refused here
+    (JournalInUse), so a command that writes files of its own before collect() (the sample of
+    collect_from_journal) can take the lock first, and a refused run touches nothing. collect() within
+    the block runs under the lock held; another thread's collect() is refused as another process's is."""
+    path = Path(config.journal_path).resolve()
+    if path in _HELD.get():
+        yield
+        return
+    lock = JournalLock(Path(config.journal_path)).acquire()
+    token = _HELD.set(_HELD.get() | {path})
+    try:
+        yield
     finally:
+        _HELD.reset(token)
         lock.release()
 
 
