@@ -8,8 +8,14 @@ extracted its answers, so that a new matrix is graded like the old one:
   `Answer:`; a model that breaks the line after the colon has its answer on the next line.
 - `\\boxed{}` prompts (math_expression): the content of the last `\\boxed{...}`, braces balanced.
 - A response without that marker falls back to its last non-empty line.
-- An answer that names more than one option or value (`A or B`, `(A) (B)`, `between 40 and 44`,
-  `x=2 \\lor x=3`, `\\boxed{2} or \\boxed{3}`) is a hedge, graded wrong whatever it names.
+- An answer that names two different options or values as alternatives is a hedge, graded wrong
+  whatever it names. The rule (docs/collect.md, "Hedges"): the value a grader reads and its
+  neighbour of the same kind are alternatives when nothing stands between them but fillers
+  (spaces, brackets, emphasis) and at least one joiner, a word or mark that offers a choice or a
+  range (`or`, `and/or`, `to`, `,`, `;`, `|`, a spaced `/`, a dash between numbers, `..`, `±`,
+  `\\lor`, ...); a value marked plus-or-minus names two. What writes one value is no joiner: a
+  sign, a decimal point, an unspaced `/` (a fraction), a chain of three numbers (a date), a colon.
+  A form the task's own answer has (`40-44`) is compared, not refused.
 
 Every pattern runs in time linear in the response, and a grader reads at most the last
 GRADED_CHARS characters of it (where its final answer is), so a hostile answer cannot stall a run.
@@ -34,23 +40,42 @@ from benchgen_router.errors import InputError
 # No two `\s*` may touch (`\s*(?:\*\*)?\s*` splits a run of n spaces n ways: quadratic).
 ANSWER = re.compile(r"answer\s*(?:(?:\*\*|__)\s*)?:\s*(.+)", re.IGNORECASE)
 BOXED = re.compile(r"\\boxed\s*\{")
-# A number as written in an answer: thousands separators, a decimal part, an exponent.
-NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?")
+# A number as written in an answer: thousands separators, a decimal part, an exponent. A number
+# written from its decimal point (`.5`) starts after no digit or point: `40..44` is 40 and 44.
+NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![.\d])\.\d+)(?:[eE][-+]?\d+)?")
 # Option letters are A-J (MMLU-Pro has ten options); a letter counts when no other letter touches it.
 LETTER = re.compile(r"(?<![A-Za-z])([A-J])(?![A-Za-z])")
-# What may stand between two option letters that an answer offers as alternatives: `A or B`, `B/C`,
-# `A, B and D`, `(A) (B)`, `**A**, **D**` (bare spaces only before a bracket: `C. I think` is not two).
-HEDGED_LETTERS = re.compile(
-    r"[*_`)\]]*\.?(?:\s*[,/&+]\s*(?:(?:or|and)\s+)?|\s+(?:or|and)\s+|\s+(?=[(\[]))[*_`(\[]*", re.IGNORECASE
-)
 OPTION_MARKS = "*_`()[]"  # brackets and emphasis around an option letter
-# What may stand between two numbers that an answer offers as alternatives or a range: `40 or 44`,
-# `between 40 and 44`, `40 to 44`, `40-44` (nothing: the second number's sign is the dash), `40–44`, `3, 4`.
-HEDGED_NUMBERS = re.compile(r"\s*(?:,\s*(?:(?:or|and)\s+)?|(?:or|and|to|through)\s+|[–—~±]\s*|\+/-\s*)?", re.IGNORECASE)
-# `\lor` and `\vee` join alternatives; math-verify reads `x=2 \lor x=3` as its last term, 3, so they are
-# written as the list separator it reads as a set: {2, 3}, which equals no single value.
-HEDGED_BOXES = re.compile(r"[\s$.,]*(?:(?:or|and|\\text\{\s*(?:or|and)\s*\}|\\lor|\\vee)[\s$,]*)?", re.IGNORECASE)
-DISJUNCTION = re.compile(r"\\(?:lor|vee)(?![A-Za-z])")
+# Hedges (docs/collect.md, "Hedges"). Words that offer a choice or a range between two values:
+JOIN_WORDS = r"or|and/or|and|nor|to|through|thru|versus|vs\.?|maybe|possibly|perhaps|probably|otherwise"
+JOIN_WORD = rf"(?<![A-Za-z])(?:{JOIN_WORDS})(?![A-Za-z])"
+PLUS_MINUS = r"±|∓|\+\s*/\s*-|\+-|\\pm(?![A-Za-z])|\\mp(?![A-Za-z])"  # one value marked: two values
+# Between two numbers: fillers (spaces, brackets, emphasis, a unit sign) around at least one joiner:
+# a word, a mark of a list or a choice, plus-or-minus, a dash or dots of a range, a slash. (An unspaced
+# slash is a fraction, and a dash that is the second number's sign a range only when nothing else
+# joins them: see hedged_numbers.)
+NUMBER_FILLER = r"[\s*_`$%°()\[\]]"
+NUMBER_JOINT = re.compile(
+    rf"{NUMBER_FILLER}*(?:(?:{JOIN_WORD}|{PLUS_MINUS}|[,;|&~/…]|\.{{2,}}|[-–—]){NUMBER_FILLER}*)+", re.IGNORECASE
+)
+MARKED_PLUS_MINUS = re.compile(rf"(?:{PLUS_MINUS}){NUMBER_FILLER}*$")
+# Between two option letters: fillers around at least one joiner (a dash is not one: `B - the proton`
+# explains B), or a bracket opening before the second letter: `(A) (B)` lists options.
+LETTER_FILLER = r"[\s.*_`()\[\]]"
+LETTER_JOINT = re.compile(rf"{LETTER_FILLER}*(?:(?:{JOIN_WORD}|[,;|/&+]){LETTER_FILLER}*)+", re.IGNORECASE)
+LETTER_LIST = re.compile(r"[*_`)\]]*\.?\s+[(\[][*_`]*")
+# Between two boxes: spaces, punctuation, LaTeX spacing, and joiners, words or marks, bare or in \text{}.
+# Anything else (`First \boxed{2}, then I fix it: \boxed{3}`) makes the later box a correction.
+BOX_JOINT = re.compile(
+    rf"(?:[\s$.,;|&~/]|\\[,;:! ]|\\q?quad(?![A-Za-z])|\\text\{{\s*(?:{JOIN_WORDS})\s*\}}"
+    rf"|\\(?:lor|vee|mid)(?![A-Za-z])|{JOIN_WORD})*",
+    re.IGNORECASE,
+)
+# Inside one box, `\lor`, `\vee` and `\mid` join alternatives; math-verify reads `x=2 \lor x=3` as its last
+# term, 3, so they are written as the list separator it reads as a set: {2, 3}, which equals no single
+# value. So is a lone `|` (bars in pairs are absolute values; `\|` is a norm).
+DISJUNCTION = re.compile(r"\\(?:lor|vee|mid)(?![A-Za-z])")
+BAR = re.compile(r"(?<!\\)\|")
 MARKUP = "*_`"  # markdown emphasis and code marks around an answer
 # Numbers this close count as equal: the pilot's numeric answers are integers, so the rule only has
 # to absorb how a number is written ("16.0", "1.6e1"), not rounding.
@@ -116,11 +141,10 @@ def numeric_match(raw_response: str, answer: str) -> Graded:
     found = list(NUMBER.finditer(text))
     if not found:
         return Graded(None, False)
-    # The number read, and its neighbour on the side a hedge would put its alternative.
-    pair = found[-2:] if after is None else found[:2]
     extracted = number_value(found[-1] if after is None else found[0])
-    if len(pair) == 2 and hedged_numbers(text, *pair):
-        return Graded(text[pair[0].start() : pair[1].end()], False)
+    hedge = number_hedge(text, found, reads_first=after is not None)
+    if hedge is not None and number_hedge(answer, list(NUMBER.finditer(answer)), reads_first=True) is None:
+        return Graded(hedge, False)
     expected = find_numbers(answer)
     correct = bool(expected) and math.isclose(float(extracted), float(expected[0]), rel_tol=REL_TOL)
     return Graded(extracted, correct)
@@ -130,19 +154,56 @@ def hedged_letters(text: str, first: re.Match[str], second: re.Match[str]) -> bo
     """Whether two neighbouring option letters are offered as alternatives (different ones; an "I"
     before a lower-case word is the pronoun)."""
     between = text[first.end() : second.start()]
-    if first.group() == second.group() or len(between) > 20 or not HEDGED_LETTERS.fullmatch(between):
+    if first.group() == second.group() or len(between) > 20:
+        return False
+    if not (LETTER_JOINT.fullmatch(between) or LETTER_LIST.fullmatch(between)):
         return False
     return not (second.group() == "I" and re.match(r"'|\s+[a-z]", text[second.end() : second.end() + 2]))
 
 
-def hedged_numbers(text: str, first: re.Match[str], second: re.Match[str]) -> bool:
-    """Whether two neighbouring numbers are offered as alternatives or a range (of different values)."""
+def number_hedge(text: str, found: list[re.Match[str]], reads_first: bool) -> str | None:
+    """The hedge, as written, that the number a grader reads (the first of `found`, or the last) is part
+    of: that number marked plus-or-minus, or it and its neighbour offered as alternatives or a range.
+    None when it names one value."""
+    if not found:
+        return None
+    index = 0 if reads_first else len(found) - 1
+    read = found[index]
+    sign = read.group()[0] if read.group()[0] in "+-" else ""
+    before = text[max(0, read.start() - 20) : read.start()] + sign
+    marked = MARKED_PLUS_MINUS.search(before)
+    if marked is not None:
+        return text[read.start() - (len(before) - len(sign) - marked.start()) : read.end()]
+    pair = index if reads_first else index - 1  # the pair (found[pair], found[pair + 1])
+    if not 0 <= pair < len(found) - 1 or not hedged_numbers(text, found, pair):
+        return None
+    return text[found[pair].start() : found[pair + 1].end()]
+
+
+def hedged_numbers(text: str, found: list[re.Match[str]], pair: int) -> bool:
+    """Whether found[pair] and found[pair + 1] are offered as alternatives or a range, of different values."""
+    first, second = found[pair], found[pair + 1]
     between = text[first.end() : second.start()]
-    if between == "" and not second.group().startswith("-"):
-        return False  # touching without a dash: `1.5.2`, not two answers
-    if len(between) > 20 or not HEDGED_NUMBERS.fullmatch(between):
+    second_value = float(number_value(second))
+    if len(between) > 20 or between == "/":  # an unspaced slash: a fraction, `3/4`
         return False
-    return float(number_value(first)) != float(number_value(second))
+    if not NUMBER_JOINT.fullmatch(between):
+        # `40-44`, `40 -44`: the dash read as the second number's sign joins them as a range, unless
+        # a third number joins on the same way (a date, `2024-01-05`).
+        dash = second.group().startswith("-") and NUMBER_JOINT.fullmatch(between + "-")
+        if not dash or (between == "" and in_dashed_chain(text, found, pair)):
+            return False
+        second_value = abs(second_value)
+    return float(number_value(first)) != second_value
+
+
+def in_dashed_chain(text: str, found: list[re.Match[str]], pair: int) -> bool:
+    """Whether the numbers of `pair` have a third joined to them by an unspaced dash, before or after."""
+
+    def dashed(i: int) -> bool:  # found[i] and found[i + 1] touch, the second's sign between them
+        return 0 <= i < len(found) - 1 and found[i].end() == found[i + 1].start() and found[i + 1].group()[0] == "-"
+
+    return dashed(pair - 1) or dashed(pair + 1)
 
 
 def mcq_letter(raw_response: str, answer: str) -> Graded:
@@ -186,8 +247,8 @@ def math_expression(raw_response: str, answer: str, equivalence: str = "value", 
     on_main_thread = threading.current_thread() is threading.main_thread()
     limit = MATH_TIMEOUT_S if signal_limits and on_main_thread else None
     _bound_math_verify_logs()
-    gold = parse(f"${DISJUNCTION.sub(',', answer)}$", parsing_timeout=limit)
-    target = parse(DISJUNCTION.sub(",", extracted if boxed is None else f"\\boxed{{{boxed}}}"), parsing_timeout=limit)
+    gold = parse(f"${alternatives_as_set(answer)}$", parsing_timeout=limit)
+    target = parse(alternatives_as_set(extracted if boxed is None else f"\\boxed{{{boxed}}}"), parsing_timeout=limit)
     return Graded(extracted, bool(gold and target and verify(gold, target, timeout_seconds=limit)))
 
 
@@ -253,10 +314,17 @@ def last_boxed(response: str) -> str | None:
     return None if found is None else found[0]
 
 
+def alternatives_as_set(latex: str) -> str:
+    """`latex` with the marks that join alternatives (DISJUNCTION, a lone `|`) written as commas, which
+    math-verify reads as a set: `2 \\lor 3` is {2, 3}, equal only to an answer that is that set."""
+    latex = DISJUNCTION.sub(",", latex)
+    return BAR.sub(",", latex) if len(BAR.findall(latex)) % 2 else latex
+
+
 def hedged_boxes(response: str) -> str | None:
-    """`\\boxed{2} or \\boxed{3}`: the last two boxes joined as alternatives (only a comma, "or",
-    "and", `\\lor` or `\\vee` between them) with different contents, as written; None otherwise (a
-    later box that corrects an earlier one is the answer)."""
+    """`\\boxed{2} or \\boxed{3}`: the last two boxes joined as alternatives (BOX_JOINT between them)
+    with different contents, as written; None otherwise (a later box that corrects an earlier one is
+    the answer)."""
     starts = list(BOXED.finditer(response))
     if len(starts) < 2:
         return None
@@ -264,7 +332,7 @@ def hedged_boxes(response: str) -> str | None:
     if first is None or last is None or pilot_string(first[0]) == pilot_string(last[0]):
         return None
     between = response[first[1] + 1 : starts[-1].start()]
-    if len(between) > 40 or not HEDGED_BOXES.fullmatch(between):
+    if len(between) > 40 or not BOX_JOINT.fullmatch(between):
         return None
     return response[starts[-2].start() : last[1] + 1]
 

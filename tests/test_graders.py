@@ -149,6 +149,100 @@ def test_math_verify_logs_quote_a_bounded_part_of_the_answer(monkeypatch, caplog
     assert all(len(message) <= graders.LOGGED_CHARS + 30 for message in timeouts), timeouts
 
 
+# The hedge rule (docs/collect.md, "Hedges") against a table of forms. Each hedge names two values,
+# (x, y); it is graded wrong whichever of them the task's answer is, and extracted as written.
+HEDGES = [
+    # parenthesised alternatives
+    ("mcq_letter", "Answer: A (or B)", ("A", "B"), "A (or B)"),
+    ("mcq_letter", "Answer: (A) or possibly (B)", ("A", "B"), "(A) or possibly (B)"),
+    ("numeric_match", "Answer: 40 (or 44)", ("40", "44"), "40 (or 44"),
+    ("numeric_match", "Answer: 40 or maybe 44", ("40", "44"), "40 or maybe 44"),
+    # pipes, semicolons, and/or, between options or values
+    ("mcq_letter", "Answer: A | B", ("A", "B"), "A | B"),
+    ("mcq_letter", "Answer: A; B", ("A", "B"), "A; B"),
+    ("mcq_letter", "Answer: A and/or B", ("A", "B"), "A and/or B"),
+    ("mcq_letter", "Answer: C vs. D", ("C", "D"), "C vs. D"),
+    ("numeric_match", "Answer: 40 | 44", ("40", "44"), "40 | 44"),
+    ("numeric_match", "Answer: 40; 44", ("40", "44"), "40; 44"),
+    ("numeric_match", "Answer: 40 and/or 44", ("40", "44"), "40 and/or 44"),
+    ("numeric_match", "Answer: 40%, or 44%", ("40", "44"), "40%, or 44"),
+    # ranges: spaced dashes, slashes, dots
+    ("numeric_match", "Answer: 40 - 44", ("40", "44"), "40 - 44"),
+    ("numeric_match", "Answer: 40 – 44", ("40", "44"), "40 – 44"),
+    ("numeric_match", "Answer: 40 / 44", ("40", "44"), "40 / 44"),
+    ("numeric_match", "Answer: 40..44", ("40", "44"), "40..44"),
+    ("numeric_match", "Answer: 40 ... 44", ("40", "44"), "40 ... 44"),
+    ("numeric_match", "Answer: 40 ~ 44", ("40", "44"), "40 ~ 44"),
+    ("numeric_match", "It takes 40-44 days", ("40", "44"), "40-44"),  # no answer line: the last two numbers
+    # plus-or-minus: one value marked, or two joined
+    ("numeric_match", "Answer: ±40", ("40", "-40"), "±40"),
+    ("numeric_match", "Answer: +/-40", ("40", "-40"), "+/-40"),
+    ("numeric_match", "Answer: x = \\pm 40", ("40", "-40"), "\\pm 40"),
+    ("numeric_match", "Answer: 40 +/- 2", ("40", "42"), "40 +/- 2"),
+    ("numeric_match", "Answer: 40+/-2", ("40", "42"), "40+/-2"),
+    ("numeric_match", "Answer: 40±2", ("40", "38"), "40±2"),
+    ("math_expression", "\\boxed{\\pm 3}", ("3", "-3"), "\\pm 3"),
+    ("math_expression", "\\boxed{3 \\pm 1}", ("4", "2"), "3 \\pm 1"),
+    # two boxes joined as alternatives
+    ("math_expression", "\\boxed{2}; \\boxed{3}", ("2", "3"), "\\boxed{2}; \\boxed{3}"),
+    ("math_expression", "\\boxed{2} | \\boxed{3}", ("2", "3"), "\\boxed{2} | \\boxed{3}"),
+    ("math_expression", "\\boxed{2} \\text{ and/or } \\boxed{3}", ("2", "3"), "\\boxed{2} \\text{ and/or } \\boxed{3}"),
+    (
+        "math_expression",
+        "\\boxed{2}\\quad\\text{or}\\quad\\boxed{3}",
+        ("2", "3"),
+        "\\boxed{2}\\quad\\text{or}\\quad\\boxed{3}",
+    ),
+    # alternatives inside one box: a divides-sign, a lone bar, \lor
+    ("math_expression", "\\boxed{2 \\mid 3}", ("2", "3"), "2 \\mid 3"),
+    ("math_expression", "\\boxed{2 | 3}", ("2", "3"), "2 | 3"),
+    ("math_expression", "\\boxed{x=2 \\lor x=3}", ("2", "3"), "x=2 \\lor x=3"),
+]
+# Forms of one value, each graded against the answer it names: a minus sign, a negative number, a
+# fraction, a date, a ratio, a decimal, an absolute value, the same value twice; and a form the task's
+# own answer has (an interval or range that is the answer asked for).
+NOT_HEDGES = [
+    ("numeric_match", "Answer: -40", "-40", "-40"),
+    ("numeric_match", "Answer: \u221240", "-40", "-40"),  # the Unicode minus sign
+    ("numeric_match", "Answer: x = -40", "-40", "-40"),
+    ("numeric_match", "Answer: 3/4", "3/4", "3"),  # a fraction: numeric_match reads its numerator
+    ("numeric_match", "Answer: 2024-01-05", "2024", "2024"),
+    ("numeric_match", "Answer: 1/5/2024", "1", "1"),
+    ("numeric_match", "Answer: 3:2", "3", "3"),
+    ("numeric_match", "Answer: 12:30", "12", "12"),
+    ("numeric_match", "Answer: 40.5", "40.5", "40.5"),
+    ("numeric_match", "Answer: 1,234", "1234", "1234"),
+    ("numeric_match", "Answer: 40-40", "40", "40"),
+    ("numeric_match", "Answer: 16 (2016 mod 1000)", "16", "16"),
+    ("numeric_match", "Answer: 40-44", "40-44", "40"),  # the task's answer is that range
+    ("numeric_match", "Answer: ±3", "±3", "3"),
+    ("numeric_match", "Answer: [2, 5]", "[2, 5]", "2"),
+    ("mcq_letter", "Answer: B - the proton", "B", "B"),
+    ("mcq_letter", "Answer: A (not B)", "A", "A"),
+    ("mcq_letter", "Answer: C. I think so", "C", "C"),
+    ("math_expression", "\\boxed{-5}", "-5", "-5"),
+    ("math_expression", "\\boxed{\\frac{3}{2}}", "3/2", "\\frac{3}{2}"),
+    ("math_expression", "\\boxed{3:2}", "3:2", "3:2"),
+    ("math_expression", "\\boxed{0.75}", "\\frac34", "0.75"),
+    ("math_expression", "\\boxed{|x-3|}", "|x-3|", "|x-3|"),
+    ("math_expression", "\\boxed{[2, 5]}", "[2,5]", "[2, 5]"),  # an interval asked for
+    ("math_expression", "\\boxed{(2, 5)}", "(2,5)", "(2, 5)"),
+    ("math_expression", "\\boxed{2 \\mid 3}", "2, 3", "2 \\mid 3"),  # both values asked for
+    ("math_expression", "First \\boxed{2}, then I fix it: \\boxed{3}", "3", "3"),  # a correction
+]
+
+
+@pytest.mark.parametrize(("grader", "response", "values", "written"), HEDGES)
+def test_a_hedge_is_wrong_whichever_value_it_names(grader, response, values, written):
+    for answer in values:
+        assert grade(grader, response, answer) == Graded(written, False), answer
+
+
+@pytest.mark.parametrize(("grader", "response", "answer", "extracted"), NOT_HEDGES)
+def test_one_value_however_written_is_an_answer(grader, response, answer, extracted):
+    assert grade(grader, response, answer) == Graded(extracted, True)
+
+
 # Inputs that a backtracking pattern takes quadratic time on: long runs where a pattern could split
 # its match many ways, or restart at every position.
 WORST_CASES = {
@@ -159,6 +253,8 @@ WORST_CASES = {
     "hedged letters": lambda n: "Answer: " + "(" * (n // 3) + "A" + ")" * (n // 3) + " " * (n // 3) + "B",
     "hedged numbers": lambda n: "Answer: " + "1" * (n // 3) + " " * (n // 3) + "or" + " " * (n // 3) + "2",
     "hedged boxes": lambda n: "\\boxed{" + "{" * n + "} or \\boxed{1}",
+    "plus-or-minus": lambda n: "Answer: " + " +/-" * (n // 4) + "1",
+    "dotted range": lambda n: "Answer: 1" + "." * n + "2",
 }
 
 
@@ -167,8 +263,8 @@ def test_the_patterns_take_linear_time(case: str) -> None:
     """Ten times the input may take at most twenty times as long (quadratic would be a hundred), plus
     slack for a busy machine: relative to a baseline measured in the same test, so no CPU's speed
     matters. The sizes stay under GRADED_CHARS, past which the graders read no more."""
-    grader = {"hedged letters": "mcq_letter", "hedged numbers": "numeric_match", "hedged boxes": "math_expression"}
-    grader = grader.get(case, case)
+    grader = {"hedged letters": "mcq_letter", "hedged boxes": "math_expression"}.get(case, "numeric_match")
+    grader = case if case in GRADERS else grader
     small, large = 6_000, 60_000
     assert len(WORST_CASES[case](large)) <= graders.GRADED_CHARS
 
