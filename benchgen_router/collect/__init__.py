@@ -10,10 +10,10 @@ call as it finishes, and writes the two files `train` reads: the calls file (`--
 the pilot's rewards.v1-pilot.jsonl) and the rewards file (`--rewards`, the format of rewards.jsonl).
 With `judge=AGENT` (or `judge_pool=FILE`), an LLM judge rates the answers of tasks without a
 reference answer from 1 to 10 (collect/judge.py). The formats: collect/formats.py; the journal and
-resuming: collect/journal.py; the asking phase and the cost cap: collect/asking.py; the two files
-computed from the journal: collect/outputs.py; one call to an upstream, with retries:
-collect/chat.py; tasks sampled from the gateway's traffic journal, with users' feedback:
-collect/traffic.py; the whole story: docs/collect.md.
+resuming: collect/journal.py; the asking phase and the cost cap: collect/asking.py; grading off the
+event loop, in time: collect/grading.py; the two files computed from the journal: collect/outputs.py;
+one call to an upstream, with retries: collect/chat.py; tasks sampled from the gateway's traffic
+journal, with users' feedback: collect/traffic.py; the whole story: docs/collect.md.
 """
 
 from benchgen_router.collect.asking import STOPPED_AT_COST_CAP, Asker
