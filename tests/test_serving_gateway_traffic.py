@@ -5,7 +5,9 @@ beside it, bad feedback refused, the journal closed with the replica."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +16,7 @@ import httpx
 import pytest
 from test_serving_gateway_hostile import AppServer, answered, build_router, make_service, pool_of
 
+from benchgen_router.errors import InputError
 from benchgen_router.serving.feedback import FEEDBACK_MAX_COMMENT_CHARS
 from benchgen_router.serving.gateway import GatewaySettings
 from benchgen_router.serving.journal import FEEDBACK_PER_REQUEST
@@ -267,6 +270,22 @@ def test_feedback_past_its_cap_per_request_is_a_409_and_minus_zero_is_zero(journ
         assert post(app, "/v1/feedback", {"request_id": request_id, "score": 1}).status_code == 200
     error = openai_error(post(app, "/v1/feedback", {"request_id": request_id, "score": 1}), 409)
     assert (error["code"], error["param"]) == ("feedback_limit_reached", "request_id")
+
+
+def test_a_prompt_longer_than_the_gateway_routes_on_is_marked_cut_in_its_line(journal_apps, upstream):
+    """The gateway routes on the first 65,536 characters; the journal line says the text it holds was cut."""
+    upstream.script = by_kind
+    app, folder = journal_apps["feedback"]
+    ids = []
+    for content in ("word " * 20_000, "a short prompt"):
+        body = {"model": "benchgen-router", "messages": [{"role": "user", "content": content}]}
+        ids.append(post(app, "/v1/chat/completions", body).headers["x-benchgen-request-id"])
+    deadline, calls = time.monotonic() + 30, {}
+    while not all(request_id in calls for request_id in ids) and time.monotonic() < deadline:
+        time.sleep(0.1)  # written by the journal's thread
+        with contextlib.suppress(InputError):  # no file yet
+            calls = {call["request_id"]: call for call in read_journal(folder).calls}
+    assert [calls[request_id]["text_truncated"] for request_id in ids] == [True, False]
 
 
 def test_feedback_without_a_journal_is_a_404_saying_how_to_get_one(services):
