@@ -49,13 +49,13 @@ pytest_plugins = ["upstream_server"]
 from benchgen_router.errors import InputError  # noqa: E402
 from benchgen_router.serving.app import RouterService, api  # noqa: E402
 from benchgen_router.serving.gateway import (  # noqa: E402
+    ROUTE_ON,
     Gateway,
     GatewayError,
     GatewaySettings,
     Plan,
     Target,
     chosen_tradeoff,
-    encode_body,
     names_upstreams,
     parse_model,
     retry_agent,
@@ -63,6 +63,7 @@ from benchgen_router.serving.gateway import (  # noqa: E402
     routing_text,
 )
 from benchgen_router.serving.service import read_gateway  # noqa: E402
+from benchgen_router.serving.upstream_call import encode_body  # noqa: E402
 from benchgen_router.upstreams import Upstream, UpstreamPool  # noqa: E402
 
 AGENTS = ["alpha", "beta"]
@@ -157,6 +158,25 @@ def test_the_text_routed_on_is_the_last_user_message_or_the_conversation():
         assert (problem.status, problem.param) == (400, "messages")
     assert "not valid UTF-8" in str(gateway_error(routing_text, [{"role": "user", "content": "\ud800"}], "last-user"))
     assert gateway_error(routing_text, [{"role": "assistant", "content": "hi"}], "conversation").status == 400
+
+
+@pytest.mark.parametrize("invisible", ["\u200b", "\x00", "\ufeff\u200d", " \t\u00a0", "\u0301"])
+def test_a_message_without_visible_text_is_skipped_like_an_image(invisible):
+    """A zero-width space, a NUL, joiners, blanks or a lone combining mark: the router would score nothing
+    (or an unknown token), so the text routed on is the nearest message with words, whichever the rule."""
+    messages = [
+        {"role": "user", "content": invisible},
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": invisible},
+        {"role": "user", "content": "last question"},
+        {"role": "user", "content": [{"type": "text", "text": invisible}]},
+    ]
+    assert routing_text(messages, "last-user") == "last question"
+    assert routing_text(messages, "first-user") == "first question"
+    assert routing_text(messages, "conversation") == "first question\n\nlast question"
+    for route_on in ROUTE_ON:
+        nothing = gateway_error(routing_text, [{"role": "user", "content": invisible}] * 2, route_on)
+        assert (nothing.status, nothing.param) == (400, "messages") and "\n" not in str(nothing)
 
 
 def test_a_failed_call_is_retried_on_the_fallback_and_never_on_the_agent_that_failed():

@@ -1,29 +1,33 @@
 """The gateway against hostile upstreams and clients, through the service's real app: its FastAPI routes and
 error handlers, a RouterService holding a real tiny router, served over real HTTP on 127.0.0.1 by uvicorn (a
 replica's own HTTP server in throughput mode is uvicorn too), without Ray, so each case takes a second or less.
-The upstream is MisbehavingUpstream (tests/upstream_server.py), scripted per test: an error body that echoes
-the key, a 429 with Retry-After, usage no call has, an answer that never ends or is too large. Each case here
-failed before the gateway refused or bounded it (docs/gateway.md, "What the gateway refuses")."""
+The upstream is MisbehavingUpstream (tests/upstream_server.py), scripted per test: an error body, headers or a
+stream that echo the key (escaped, or cut across chunks), a 429 with Retry-After, usage no call has, a stream
+without line ends, an answer that never ends or is too large. Each case here failed before the gateway refused,
+masked or bounded it (docs/gateway.md, "What the gateway refuses", "Keys"), but for those that check that an
+ordinary answer passes untouched."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from helpers import convert_release, write_operating_release
-from upstream_server import HOST, MisbehavingUpstream, Scripted, free_port
+from helpers import convert_release, make_queries, write_operating_release
+from upstream_server import HOST, MisbehavingUpstream, Scripted, free_port, parse_sse
 
 KEY_ENV = "BENCHGEN_HOSTILE_TEST_KEY"
-KEY = "sk-hostile-test-4d2b8e6a1c"
+KEY = "sk-hostile/test+4d2b=8e6a1c=="  # "/", "+" and "=": the characters that JSON and URLs may escape
 os.environ[KEY_ENV] = KEY
 
 httpx = pytest.importorskip("httpx")
@@ -214,6 +218,107 @@ def test_an_upstream_that_echoes_the_key_has_it_masked_routed_or_passed_through(
         assert response.json()["error"]["message"].startswith("Incorrect API key provided: Bearer ***.")
 
 
+def key_forms(key: str) -> dict[str, str]:
+    """The ways an upstream may write `key`: as it is, JSON-escaped ("/" as "\\/", any character as \\uXXXX, in
+    either case of hex), or percent-encoded."""
+    return {
+        "raw": key,
+        "slash-escaped": key.replace("/", "\\/"),
+        "unicode-escaped": "".join(f"\\u{ord(c):04x}" if c in "/+=" else c for c in key),
+        "all-escaped-upper": "".join(f"\\u{ord(c):04X}" for c in key),
+        "percent-encoded": urllib.parse.quote(key, safe=""),
+    }
+
+
+KEY_FORMS = key_forms(KEY)
+
+
+def holds_key(text: str) -> bool:
+    return any(form in text for form in KEY_FORMS.values())
+
+
+@pytest.mark.parametrize("form", list(KEY_FORMS))
+def test_a_key_the_upstream_escapes_in_its_body_is_masked(app, upstream, form):
+    echoed = KEY_FORMS[form]
+    body = f'{{"error": {{"message": "Incorrect API key provided: {echoed}.", "code": "invalid_api_key"}}}}'
+    upstream.script = lambda request: Scripted(401, body.encode())
+    for model in ("alpha", "benchgen-router"):
+        response = chat(app, model)
+        assert response.status_code == 401
+        assert not holds_key(response.text), response.text
+        message = response.json()["error"]["message"]  # JSON-decoded: an escaped key would be whole again
+        assert KEY not in urllib.parse.unquote(message) and message == "Incorrect API key provided: ***."
+
+
+def test_a_key_in_any_relayed_header_is_masked(app, upstream):
+    """The headers a client gets from the upstream: its rate limits, Retry-After, request id, content type."""
+    headers = {
+        "content-type": f"application/json; key={KEY}",
+        "retry-after": KEY,
+        "openai-processing-ms": KEY_FORMS["percent-encoded"],
+        "x-ratelimit-remaining-requests": f"0 (key {KEY_FORMS['slash-escaped']})",
+        "x-ratelimit-reset-tokens": KEY_FORMS["unicode-escaped"],
+        "x-request-id": f"req_{KEY}",
+    }
+    slow_down = {"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}}
+    for status, answer in ((200, OK_ANSWER), (429, slow_down)):
+        upstream.script = lambda request, status=status, answer=answer: Scripted(status, answer, headers)
+        response = chat(app, "alpha")
+        assert response.status_code == status
+        relayed = {name: value for name, value in response.headers.items() if name != "x-request-id"}
+        assert not any(holds_key(value) for value in relayed.values()), relayed
+        assert set(headers) - {"x-request-id"} <= set(relayed), relayed  # masked, not dropped
+        assert relayed["retry-after"] == "***" and relayed["x-benchgen-upstream-request-id"] == "req_***"
+
+
+def stream_event(content: str) -> bytes:
+    return b'data: {"choices": [{"index": 0, "delta": {"content": "' + content.encode() + b'"}}]}\n\n'
+
+
+def streamed(app: AppServer, model: str = "alpha") -> tuple[bytes, list[tuple[float, bytes]]]:
+    """(the whole stream the client got, each piece as it came with the second it came at)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "what is two plus two"}], "stream": True}
+    arrivals = []
+    with (
+        httpx.Client(timeout=30, trust_env=False) as http,
+        http.stream("POST", f"{app.url}/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        for piece in response.iter_raw():
+            arrivals.append((time.monotonic(), piece))
+    return b"".join(piece for _, piece in arrivals), arrivals
+
+
+@pytest.mark.parametrize("form", list(KEY_FORMS))
+def test_a_key_cut_across_stream_chunks_is_masked(app, upstream, form):
+    """The key, in each form, cut into 5-byte pieces that reach the gateway one by one (the cuts fall inside
+    escapes too: "\\u00" then "2b")."""
+    events = stream_event("hello ") + stream_event(f"key {KEY_FORMS[form]} end") + b"data: [DONE]\n\n"
+    pieces = [events[start : start + 5] for start in range(0, len(events), 5)]
+    upstream.script = lambda request: Scripted(
+        pieces=pieces, every_s=0.01, headers={"content-type": "text/event-stream"}
+    )
+    for model in ("alpha", "benchgen-router"):
+        relayed, _ = streamed(app, model)
+        assert not holds_key(relayed.decode()), relayed
+        chunks, done = parse_sse(relayed.decode().splitlines())
+        assert done and [chunk["choices"][0]["delta"]["content"] for chunk in chunks] == ["hello ", "key *** end"]
+
+
+def test_an_ordinary_stream_is_relayed_event_by_event_without_delay(app, upstream):
+    """Masking holds back only what may begin a key: an event that ends reaches the client before the next
+    is sent, byte for byte."""
+    events = [stream_event("first"), stream_event("sk-hostile"), stream_event("second"), b"data: [DONE]\n\n"]
+    upstream.script = lambda request: Scripted(
+        pieces=events, every_s=0.5, headers={"content-type": "text/event-stream"}
+    )
+    relayed, arrivals = streamed(app)
+    assert relayed == b"".join(events)
+    assert [piece for _, piece in arrivals] == events  # one event per piece: none held for the next
+    gaps = [later - earlier for (earlier, _), (later, _) in itertools.pairwise(arrivals)]
+    assert min(gaps) > 0.3, gaps
+
+
 # ---------------------------------------------------------------------------------------------
 # A client that leaves
 
@@ -337,6 +442,54 @@ def test_implausible_usage_is_not_counted_nor_priced(app, upstream, implausible,
     assert "x-benchgen-cost-usd" not in response.headers
 
 
+def relayed_beside_routes(app: AppServer, upstream: MisbehavingUpstream, chunk: bytes) -> tuple[float, list[float]]:
+    """(seconds the replica took to relay 1 MiB of an endless stream of `chunk`, sent as fast as the connection
+    takes it; the seconds of /v1/route requests on the replica meanwhile)."""
+    upstream.script = lambda request: Scripted(body=b"data: ", endless=chunk, every_s=0)
+    relayed, stop = [0], threading.Event()
+
+    def read_stream() -> None:
+        body = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with (
+            httpx.Client(timeout=60, trust_env=False) as http,
+            http.stream("POST", f"{app.url}/v1/chat/completions", json=body) as response,
+        ):
+            for piece in response.iter_raw():
+                relayed[0] += len(piece)
+                if stop.is_set():
+                    break
+
+    reader = threading.Thread(target=read_stream, daemon=True)
+    started = time.perf_counter()
+    reader.start()
+    routes = []
+    with httpx.Client(timeout=60, trust_env=False) as http:
+        while relayed[0] < 1 << 20 and time.perf_counter() - started < 60:  # past the longest line scanned
+            asked = time.perf_counter()
+            assert http.post(f"{app.url}/v1/route", json={"queries": ["what is two plus two"]}).status_code == 200
+            routes.append(time.perf_counter() - asked)
+    relay_s = time.perf_counter() - started
+    stop.set()
+    reader.join(30)
+    assert relayed[0] >= 1 << 20
+    return relay_s, routes
+
+
+def test_a_stream_without_line_ends_costs_the_replica_what_one_with_them_does(app, upstream):
+    """64-byte chunks as fast as they come. A stream that never ends a line is relayed as fast as one that ends
+    a line in every chunk (scanning it for usage took seconds a MiB), and /v1/route answers meanwhile (4 ms
+    alone; here the upstream, the reader and the replica share one interpreter)."""
+    ordinary_s, _ = relayed_beside_routes(app, upstream, b"x" * 63 + b"\n")
+    endless_line_s, routes = relayed_beside_routes(app, upstream, b"x" * 64)
+    median = sorted(routes)[len(routes) // 2]
+    print(
+        f"1 MiB relayed in {ordinary_s:.1f} s with line ends, {endless_line_s:.1f} s without; /v1/route beside it: "
+        f"median {1000 * median:.0f} ms, max {1000 * max(routes):.0f} ms over {len(routes)}"
+    )
+    assert endless_line_s < 2 * ordinary_s + 1.0
+    assert median < 0.25
+
+
 # ---------------------------------------------------------------------------------------------
 # An answer too large
 
@@ -364,6 +517,26 @@ def test_text_that_tokenizes_to_nothing_gets_a_chat_shaped_400(app, upstream):
     error = openai_error(chat(app, "benchgen-router", "\u200b\u200b"), 400)
     assert error["param"] == "messages" and "only invisible characters" in error["message"]
     assert "query 0" not in error["message"]
+
+
+@pytest.mark.parametrize("invisible", ["\u200b", "\x00", "\u200b\x00\ufeff"], ids=["zero-width", "nul", "mixed"])
+def test_an_invisible_last_user_message_is_skipped_for_the_last_with_words(app, upstream, invisible):
+    """Routed as the words before it are, not as the invisible text (which this router's tokenizer scores
+    as an unknown token, and the bundled one reduces to nothing, a 400)."""
+    with httpx.Client(timeout=30, trust_env=False) as http:
+
+        def pick(text: str) -> str | None:
+            answer = http.post(f"{app.url}/v1/route", json={"queries": [text]})
+            return answer.json()["results"][0]["picked_agent"] if answer.status_code == 200 else None
+
+        # Words that route elsewhere than the invisible text would, so that the agent tells which was scored.
+        words = next(query for query in make_queries(40, seed=3) if pick(query) != pick(invisible))
+        sent = len(upstream.requests)
+        messages = [{"role": "user", "content": words}, {"role": "user", "content": invisible}]
+        routed = http.post(f"{app.url}/v1/chat/completions", json={"model": "benchgen-router", "messages": messages})
+        assert routed.status_code == 200, routed.text
+        assert routed.headers["x-benchgen-agent"] == pick(words)
+    assert len(upstream.requests) == sent + 1 and upstream.requests[-1]["messages"] == messages  # sent as it was
 
 
 def raw_get(app: AppServer, path: str) -> tuple[int, bytes, bytes]:

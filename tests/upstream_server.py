@@ -425,13 +425,16 @@ class ReplayUpstream:
 class Scripted:
     """How MisbehavingUpstream answers one request: `status`, `headers` and `body` (JSON when not bytes);
     with `endless`, the body never ends: `body` is sent, then `endless` every `every_s` (a slow model's stream,
-    or a huge answer when `every_s` is 0), until the caller closes the connection."""
+    or a huge answer when `every_s` is 0), until the caller closes the connection; with `pieces`, the body is
+    those chunks, sent `every_s` apart, and then ends (a stream whose events, or a key in one, are cut across
+    chunks that reach the caller one by one)."""
 
     status: int = 200
     body: object = b""
     headers: Mapping[str, str] = field(default_factory=dict)
     endless: bytes = b""
     every_s: float = 0.2
+    pieces: Sequence[bytes] = ()
 
 
 class MisbehavingUpstream:
@@ -499,7 +502,8 @@ class MisbehavingUpstream:
         scripted = self.script(body)
         data = scripted.body if isinstance(scripted.body, bytes) else json.dumps(scripted.body).encode()
         headers = {"content-type": "application/json", **scripted.headers}
-        framing = "transfer-encoding: chunked" if scripted.endless else f"content-length: {len(data)}"
+        chunked = bool(scripted.endless or scripted.pieces)
+        framing = "transfer-encoding: chunked" if chunked else f"content-length: {len(data)}"
         # It answers one request per connection, and says so: a client that pooled the connection would
         # race the close and could send its next request into it.
         lines = [
@@ -511,6 +515,15 @@ class MisbehavingUpstream:
         self.holding += 1
         try:
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+            if scripted.pieces:
+                for position, piece in enumerate(scripted.pieces):
+                    if position:
+                        await asyncio.sleep(scripted.every_s)
+                    writer.write(_chunk(piece))
+                    await writer.drain()
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+                return
             if not scripted.endless:
                 writer.write(data)
                 await writer.drain()

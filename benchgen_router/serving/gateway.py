@@ -7,6 +7,8 @@ to that agent's upstream, and the answer with the decision in its headers.
     {"model": "<agent id or slug>", "messages": [...]}     passed straight to that agent, unrouted
 
 The routes themselves are the service's deployment's (serving/app.py), which relays in the process that scores.
+One upstream call's exchange is serving/upstream_call.py's; masking the pool's keys in what is relayed,
+serving/redaction.py's.
 """
 
 from __future__ import annotations
@@ -40,7 +42,15 @@ from benchgen_router.serving.call_usage import (
     cost_headers,
 )
 from benchgen_router.serving.journal import TrafficJournal
-from benchgen_router.upstreams import Upstream, UpstreamPool, mask_keys, retryable_status
+from benchgen_router.serving.redaction import KeyRedactor, StreamRedactor, key_redactor
+from benchgen_router.serving.upstream_call import (
+    ResponseTooLarge,
+    call_upstream,
+    encode_body,
+    failure_reason,
+    relayed_headers,
+)
+from benchgen_router.upstreams import Upstream, UpstreamPool, retryable_status
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -57,15 +67,13 @@ ROUTING_TEXT_MAX_CHARS = 65536
 # Bodies past this size are parsed and written in a thread: tens of milliseconds of JSON on the event
 # loop would stall every stream this replica relays, and the requests it reads.
 LARGE_BODY_BYTES = 1 << 20
+# A stream that arrives faster than it is relayed is read from buffers without a pause: its relay gives the
+# event loop back after this long, so that the replica's other requests (and streams) are served meanwhile.
+RELAY_TURN_S = 0.001
 # Idle upstream connections kept open: a burst of calls to an HTTPS upstream then skips new handshakes.
 KEEPALIVE_CONNECTIONS = 256
 # A non-streamed answer is held whole before it is relayed: past this size it is refused (a 502), unread.
 DEFAULT_MAX_RESPONSE_BYTES = 32 << 20
-# The upstream's headers a client may use; the rest (its server, cookies, lengths) stay behind. Its
-# x-request-id is renamed: the service sends its own, and a client must get one.
-PASSED_HEADERS = ("content-type", "retry-after", "openai-processing-ms")
-PASSED_HEADER_PREFIXES = ("x-ratelimit-",)
-RENAMED_HEADERS = {"x-request-id": "x-benchgen-upstream-request-id"}
 
 
 class GatewayError(InputError):
@@ -203,9 +211,11 @@ def content_text(content: Any) -> str:
 
 
 def routing_text(messages: Any, route_on: str) -> str:
-    """What the router scores: the last user message with text ("last-user"); the first ("first-user"), so
-    that every turn of a conversation goes to the agent its opening was routed to; or every user and
-    assistant message's text in order ("conversation"). No user text at all is a 400."""
+    """What the router scores: the last user message with visible text ("last-user"); the first ("first-user"),
+    so that every turn of a conversation goes to the agent its opening was routed to; or every user and
+    assistant message with visible text, in order ("conversation"). A message whose text shows nothing (a
+    zero-width space, a NUL) is skipped as an image is: the router would score nothing. No user text at all,
+    or none visible, is a 400."""
     if not isinstance(messages, list) or not messages:
         raise GatewayError(400, '"messages" must be a non-empty list of chat messages.', param="messages")
     roles = ("user", "assistant") if route_on == "conversation" else ("user",)
@@ -214,10 +224,11 @@ def routing_text(messages: Any, route_on: str) -> str:
         for message in messages
         if isinstance(message, dict) and message.get("role") in roles
     ]
-    texts = [(role, text) for role, text in texts if text.strip()]
-    if not any(role == "user" for role, _ in texts):
+    if not any(role == "user" and text.strip() for role, text in texts):
         raise GatewayError(400, "the messages hold no user text for the router to score.", param="messages")
-    if not any(visible(text) for role, text in texts if role == "user"):
+    # Only the start of a text is scored: whether it shows anything is decided there.
+    texts = [(role, text) for role, text in texts if visible(text[:ROUTING_TEXT_MAX_CHARS])]
+    if not any(role == "user" for role, _ in texts):
         raise GatewayError(
             400,
             "the user text holds only invisible characters (zero-width, control); send a message with words.",
@@ -249,8 +260,10 @@ def not_a_number(text: str) -> float:
     raise NotJsonNumber(text)
 
 
-# Unicode categories that show nothing: format (zero-width spaces, joiners), control, separators.
-INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
+# Unicode categories that show nothing alone: format (zero-width spaces, joiners, the BOM), control (NUL),
+# separators, unassigned and private code points, and combining marks without a letter to sit on. A lone
+# surrogate (undecodable input) is not among them: it is broken rather than invisible, and refused by name.
+INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Cn", "Co", "Zs", "Zl", "Zp", "Mn", "Mc", "Me"})
 
 
 def visible(text: str) -> bool:
@@ -376,25 +389,6 @@ def routed_plan(
     return Plan(attempts=attempts, routed=True, decision=decision)
 
 
-def passed_headers(reply: httpx.Response) -> dict[str, str]:
-    passed = {
-        name: value
-        for name, value in reply.headers.items()
-        if name in PASSED_HEADERS or name.startswith(PASSED_HEADER_PREFIXES)
-    }
-    passed.update({RENAMED_HEADERS[name]: value for name, value in reply.headers.items() if name in RENAMED_HEADERS})
-    return passed
-
-
-def failure_reason(err: httpx.HTTPError, timeout_s: float) -> tuple[str, str]:
-    """(metric tag, words for the answer): the error's class, never its text, which may quote the request."""
-    if isinstance(err, httpx.TimeoutException):
-        return "timeout", f"no answer within {timeout_s:g} s ({type(err).__name__})"
-    if isinstance(err, httpx.ConnectError):
-        return "connect", "connection failed (ConnectError)"
-    return "transport", f"the connection failed ({type(err).__name__})"
-
-
 # ---------------------------------------------------------------------------------------------
 # Metrics and the calls
 
@@ -481,7 +475,9 @@ class Gateway:
             body = await off_loop(big, encode_body, payload, upstream.model)
             started = time.perf_counter()
             try:
-                reply, content, first_byte_s = await self.call(upstream, body, stream)
+                reply, content, first_byte_s = await call_upstream(
+                    self.client(), upstream, body, stream, self.settings.max_response_bytes
+                )
             except httpx.HTTPError as err:
                 failures.append(self.failed(upstream, *failure_reason(err, self.settings.timeout_s)))
                 continue
@@ -496,76 +492,34 @@ class Gateway:
                 if not (status == 429 and position == len(plan.attempts) - 1):
                     failures.append(words)
                     continue
-            headers = {**passed_headers(reply), **plan.headers(upstream)}
+            redactor = self.redactor()
+            headers = {**relayed_headers(reply, redactor), **plan.headers(upstream)}
             if journaled is not None:
                 headers["x-benchgen-request-id"] = journaled.request_id
                 journaled.first_byte_s = first_byte_s
             self.metrics.answered(plan.kind, upstream.agent, status)
             if content is None:
-                return UpstreamStream(reply, upstream, headers, self, started, journaled)
+                return UpstreamStream(reply, upstream, headers, self, started, StreamRedactor(redactor), journaled)
             usage = body_usage(content) if reply.is_success else None
             total_s = time.perf_counter() - started
             counted = self.metrics.finished(upstream, usage, total_s, stream=False)
             self.record(journaled, status, counted, total_s)
-            return Response(self.masked(content), status_code=status, headers={**headers, **cost_headers(counted)})
+            masked = await off_loop(len(content) > LARGE_BODY_BYTES, redactor.redact, content)
+            return Response(masked, status_code=status, headers={**headers, **cost_headers(counted)})
         self.metrics.answered(plan.kind, plan.attempts[0].agent, 502)
         self.record(journaled, 502, None, None)
         raise GatewayError(502, f"no upstream answered: {'; '.join(failures)}.", code="upstream_error")
 
-    async def call(self, upstream: Upstream, body: bytes, stream: bool) -> tuple[httpx.Response, bytes | None, float]:
-        """The upstream's answer, its body read whole (ResponseTooLarge past max_response_bytes), and the
-        seconds to its first byte (its headers); a stream to relay comes back still open, its body None."""
-        headers = {"content-type": "application/json", **upstream.headers()}
-        request = self.client().build_request(
-            "POST", f"{upstream.base_url}/chat/completions", content=body, headers=headers
-        )
-        started = time.perf_counter()
-        reply = await self.client().send(request, stream=True)
-        first_byte_s = time.perf_counter() - started
-        if stream and reply.is_success:
-            return reply, None, first_byte_s
-        try:
-            return reply, await read_capped(reply, self.settings.max_response_bytes), first_byte_s
-        finally:
-            await reply.aclose()
-
-    def masked(self, content: bytes) -> bytes:
-        """`content` with every key of the pool in it masked (mask_keys): an upstream that echoes a key back,
-        routed or not, hands it to no client."""
-        keys = [key for upstream in self.settings.upstreams.upstreams.values() if (key := upstream.api_key())]
-        if not any(key.encode() in content for key in keys):
-            return content
-        return mask_keys(content.decode("utf-8", "surrogateescape"), keys).encode("utf-8", "surrogateescape")
+    def redactor(self) -> KeyRedactor:
+        """Every key of the pool, as this process's environment holds them, to mask in what is relayed: an
+        upstream that echoes a key back, routed or not, in its body, headers or stream, hands it to no client."""
+        upstreams = self.settings.upstreams.upstreams.values()
+        return key_redactor(tuple(sorted({key for upstream in upstreams if (key := upstream.api_key())})))
 
     def failed(self, upstream: Upstream, reason: str, words: str) -> str:
         self.metrics.failures.inc(1, tags={"agent": upstream.agent, "reason": reason})
         logger.warning("gateway: agent %s at %s failed: %s", upstream.agent, upstream.base_url, words)
         return f"agent '{upstream.agent}': {words}"
-
-
-class ResponseTooLarge(Exception):
-    """An upstream's answer over the gateway's max_response_bytes: its words for the 502."""
-
-
-async def read_capped(reply: httpx.Response, limit: int) -> bytes:
-    """The answer's body, read no further than `limit` bytes (ResponseTooLarge past it)."""
-    fix = "ask for less (max_tokens), or raise the gateway's max response bytes"
-    declared = reply.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ResponseTooLarge(f"answered {declared} bytes, over the gateway's limit of {limit}; {fix}")
-    chunks, size = [], 0
-    async for chunk in reply.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise ResponseTooLarge(f"answered more than the gateway's limit of {limit} bytes; {fix}")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def encode_body(payload: dict[str, Any], model: str) -> bytes:
-    """The request as the client sent it, but for `model`, the upstream's own name (in place: key order kept),
-    and without the router's own "tradeoff" field, which no upstream knows."""
-    return json.dumps({key: value for key, value in {**payload, "model": model}.items() if key != "tradeoff"}).encode()
 
 
 class UpstreamStream(StreamingResponse):
@@ -580,9 +534,11 @@ class UpstreamStream(StreamingResponse):
         headers: dict[str, str],
         gateway: Gateway,
         started: float,
+        redactor: StreamRedactor,
         journaled: Journaled | None = None,
     ) -> None:
         self.reply, self.upstream, self.gateway, self.journaled = reply, upstream, gateway, journaled
+        self.redactor = redactor
         self.metrics, self.timeout_s = gateway.metrics, gateway.settings.timeout_s
         self.started = started
         self.usage = StreamUsage()
@@ -590,16 +546,26 @@ class UpstreamStream(StreamingResponse):
         super().__init__(self.relay(), status_code=reply.status_code, headers=headers)
 
     async def relay(self) -> AsyncIterator[bytes]:
+        """The upstream's bytes as they come, masked (only a tail that may begin a key waits for the next chunk),
+        the event loop given back every RELAY_TURN_S."""
         try:
+            turn_began = time.perf_counter()
             async for chunk in self.reply.aiter_bytes():
                 self.usage.feed(chunk)
-                yield chunk
+                if masked := self.redactor.feed(chunk):
+                    yield masked
+                if time.perf_counter() - turn_began > RELAY_TURN_S:
+                    await asyncio.sleep(0)
+                    turn_began = time.perf_counter()
         except httpx.HTTPError as err:
             # The status is sent: the failure can only be told in the stream, as OpenAI's clients read it.
             _, words = failure_reason(err, self.timeout_s)
             logger.warning("gateway: agent %s failed mid-stream: %s", self.upstream.agent, words)
             error = openai_error(502, f"agent '{self.upstream.agent}' failed mid-stream: {words}.", "upstream_error")
-            yield f"data: {json.dumps(error)}\n\n".encode()
+            yield self.redactor.finish() + f"data: {json.dumps(error)}\n\n".encode()
+        else:
+            if tail := self.redactor.finish():
+                yield tail
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
