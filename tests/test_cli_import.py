@@ -155,3 +155,60 @@ def test_routellm_with_strong_1_weak_0_costs_the_share_of_strong_calls(tmp_path,
         ("mistralai/Mixtral-8x7B-Instruct-v0.1", 0.0),
         ("gpt-4-1106-preview", 1.0),
     ]
+
+
+def test_a_per_sample_log_imports_by_id(tmp_path, capsys):
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(
+        "".join(
+            json.dumps({"question_id": qid, "category": group, "prompt": prompt}) + "\n"
+            for qid, group, prompt in [(7, "law", "Same text"), (8, "law", "Same text"), (9, "math", "2+2?")]
+        )
+    )
+    outcomes = write_csv(
+        tmp_path / "outcomes.csv",
+        ["question_id", "model", "correct", "cost_usd"],
+        [[7, "a", 1, 0.1], [7, "b", 0, 0.2], [8, "a", 0, 0.1], [8, "b", 1, 0.2], [9, "a", 1, 0.1]],
+    )
+    args = ["--long", outcomes, "--prompts", questions, "--id-column", "question_id", "--cost-column", "cost_usd"]
+    assert cli("import", *args, "--drop-incomplete", "--output-dir", tmp_path / "out") == 0
+    stdout = capsys.readouterr().out
+    assert (
+        "import: 2 tasks x 2 agents from" in stdout and "1 tasks without a row for every model were left out" in stdout
+    )
+    tasks = [json.loads(line) for line in (tmp_path / "out" / "tasks.jsonl").read_text().splitlines()]
+    assert [task["task_id"] for task in tasks] == ["7", "8"] and {task["task_group"] for task in tasks} == {"law"}
+    assert cli("import", "--long", outcomes, "--id-column", "question_id", "--output-dir", tmp_path / "x") == 2
+    assert "--id-column names the id --prompts is joined on" in capsys.readouterr().err
+    assert cli("import", "--routellm", outcomes, "--prompts", questions, "--output-dir", tmp_path / "x") == 2
+    assert not (tmp_path / "x").exists()
+
+
+MMLU_PRO = SHARED / "mmlu-pro-outcomes"
+
+
+@pytest.mark.slow  # 347,215 rows
+@pytest.mark.skipif(not MMLU_PRO.is_dir(), reason=f"MMLU-Pro's outcomes not found at {MMLU_PRO} (CI has them)")
+def test_mmlu_pro_imports_as_published(tmp_path, capsys):
+    """The whole published matrix: 12,032 questions, 29 models, 159 prompts under two ids each. Expected
+    figures are counted here from the files with the csv module."""
+    cells: dict[str, dict[str, tuple[str, str]]] = {}
+    with open(MMLU_PRO / "outcomes.csv", newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            cells.setdefault(row["question_id"], {})[row["model"]] = (row["correct"], row["cost_usd"])
+    models = {model for by_model in cells.values() for model in by_model}
+    complete = [qid for qid, by_model in cells.items() if len(by_model) == len(models)]
+    out = tmp_path / "mmlu-pro"
+    args = ["--long", MMLU_PRO / "outcomes.csv", "--prompts", MMLU_PRO / "questions.jsonl"]
+    args += ["--id-column", "question_id", "--cost-column", "cost_usd", "--drop-incomplete", "--output-dir", out]
+    assert cli("import", *args) == 0
+    assert f"import: {len(complete)} tasks x {len(models)} agents" in capsys.readouterr().out
+    rewards = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines()]
+    assert sorted(row["task_id"] for row in rewards) == sorted(complete)
+    order = rewards[0]["agent_order"]
+    best = "gemini-1.5-pro-002"
+    expected = sum(cells[qid][best][0] == "1" for qid in complete) / len(complete)
+    got = sum(row["mean_reward"][order.index(best)] for row in rewards) / len(rewards)
+    assert got == pytest.approx(expected, abs=1e-12) and len(complete) == 10326
+    prompts = [json.loads(line)["prompt"] for line in (out / "tasks.jsonl").read_text().splitlines()]
+    assert len(prompts) - len(set(prompts)) > 0  # repeated prompts stay separate tasks

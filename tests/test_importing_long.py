@@ -1,5 +1,5 @@
-"""importing.py: RouteLLM's response CSVs (a slice of the real files) and the long format (NVIDIA's toolkit
-CSV, LLMRouter's routing JSONL) read into Outcomes, and written in the formats train reads.
+"""importing/long.py: the long format (NVIDIA's toolkit CSV, LLMRouter's routing JSONL, a per-sample log's
+outcomes joined by id to its prompts) read into Outcomes; malformed input as one line naming file and line.
 
 Expected values are read from the files here with the csv/json modules, independently of the package."""
 
@@ -13,28 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchgen_router.costs import load_cost_data, load_pool
-from benchgen_router.data import join_rewards, load_rows
+from benchgen_router.costs import load_pool
 from benchgen_router.errors import InputError
-from benchgen_router.importing import (
-    LongColumns,
-    read_contaminated,
-    read_long_outcomes,
-    read_routellm_csvs,
-    with_call_costs,
-    with_prices,
-    write_outcomes,
-)
-from helpers import SHARED
-
-ROUTELLM = SHARED / "routellm-evals"
-MMLU = ROUTELLM / "mmlu"
-GSM8K = ROUTELLM / "gsm8k"
-SLICE = [MMLU / "responses" / "mmlu_machine_learning.csv", MMLU / "responses" / "mmlu_college_chemistry.csv"]
-STRONG, WEAK = "gpt-4-1106-preview", "mistralai/Mixtral-8x7B-Instruct-v0.1"
-needs_routellm = pytest.mark.skipif(
-    not (MMLU / "responses").is_dir(), reason=f"RouteLLM's evaluation data not found at {ROUTELLM} (CI has it)"
-)
+from benchgen_router.importing import LongColumns, read_contaminated, read_long_outcomes, read_prompts, with_prices
 
 
 def csv_rows(path: Path) -> list[dict[str, str]]:
@@ -63,75 +44,6 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-# ---------------------------------------------------------------------------------------------
-# RouteLLM's response CSVs, on a slice of the real files
-
-
-@needs_routellm
-def test_routellm_slice_is_read_row_for_row_with_the_contaminated_prompts_dropped():
-    contaminated = eval_prompts(MMLU / "contaminated_prompts.jsonl")
-    outcomes = read_routellm_csvs(SLICE, [MMLU / "contaminated_prompts.jsonl"])
-    expected_ids, expected_rewards, dropped = [], [], 0
-    for path in SLICE:
-        for index, row in enumerate(csv_rows(path), start=1):
-            if row["prompt"] in contaminated:
-                dropped += 1
-                continue
-            expected_ids.append(f"{path.stem}:{index}")
-            expected_rewards.append([row[WEAK] == "True", row[STRONG] == "True"])
-    assert dropped >= 1  # the slice holds contaminated prompts, so the drop is exercised
-    assert outcomes.dropped_contaminated == dropped
-    assert outcomes.agents == [WEAK, STRONG]  # the files' column order
-    assert outcomes.task_ids == expected_ids
-    np.testing.assert_array_equal(outcomes.rewards, np.asarray(expected_rewards, dtype=float))
-    assert not set(outcomes.prompts) & contaminated
-    assert outcomes.groups == [task_id.split(":")[0] for task_id in expected_ids]
-    assert outcomes.responses is None and np.isnan(outcomes.cost_usd).all()
-
-
-@needs_routellm
-def test_routellm_task_ids_do_not_move_when_the_contamination_list_changes():
-    plain = read_routellm_csvs(SLICE)
-    cleaned = read_routellm_csvs(SLICE, [MMLU / "contaminated_prompts.jsonl"])
-    assert len(plain) == len(cleaned) + cleaned.dropped_contaminated and plain.dropped_contaminated == 0
-    positions = {task_id: i for i, task_id in enumerate(plain.task_ids)}
-    for i, task_id in enumerate(cleaned.task_ids):
-        assert plain.prompts[positions[task_id]] == cleaned.prompts[i]
-    assert read_routellm_csvs(SLICE).task_ids == plain.task_ids  # deterministic
-
-
-@needs_routellm
-def test_routellm_gsm8k_keeps_each_models_response_and_a_chosen_model_order():
-    outcomes = read_routellm_csvs([GSM8K / "gsm8k_responses.csv"], models=[STRONG, WEAK])
-    rows = csv_rows(GSM8K / "gsm8k_responses.csv")
-    assert outcomes.agents == [STRONG, WEAK] and len(outcomes) == len(rows)
-    assert outcomes.responses is not None
-    assert outcomes.responses[7] == [rows[7][STRONG + "_response"], rows[7][WEAK + "_response"]]
-    np.testing.assert_array_equal(outcomes.rewards[:, 0], [row[STRONG] == "True" for row in rows])
-
-
-@needs_routellm
-def test_a_routellm_file_without_a_chosen_model_is_named(tmp_path):
-    with pytest.raises(InputError, match=r"mmlu_machine_learning.csv has no column 'gpt-5'"):
-        read_routellm_csvs(SLICE, models=["gpt-5"])
-
-
-def test_routellm_values_other_than_true_false_name_the_line(tmp_path):
-    path = write_csv(tmp_path / "subject.csv", ["prompt", "a", "b"], [["q1", "True", "False"], ["q2", "maybe", "True"]])
-    with pytest.raises(InputError, match=r"subject.csv line 3: 'a' is 'maybe'; it must be True/False"):
-        read_routellm_csvs([path])
-
-
-def test_a_folder_of_routellm_files_is_read_in_name_order_with_stems_as_groups(tmp_path):
-    write_csv(tmp_path / "b_subject.csv", ["prompt", "m1", "m2"], [["q3", "True", "True"]])
-    write_csv(tmp_path / "a_subject.csv", ["prompt", "m1", "m2", "m1_response"], [["q1", "False", "True", "x"]])
-    outcomes = read_routellm_csvs([tmp_path])
-    assert outcomes.task_ids == ["a_subject:1", "b_subject:1"] and outcomes.groups == ["a_subject", "b_subject"]
-    assert outcomes.rewards.tolist() == [[0.0, 1.0], [1.0, 1.0]]
-    assert outcomes.responses == [["x", None], [None, None]]
-
-
-# ---------------------------------------------------------------------------------------------
 # The long format
 
 
@@ -308,82 +220,94 @@ def test_a_pickle_contamination_list_is_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing: what train and evaluate read
+# A per-sample log: outcomes keyed by id, the prompts in a file of their own
 
 
-def test_written_files_are_read_back_by_the_training_readers(tmp_path):
-    rows = llmrouter_rows()
-    for row in rows:
-        row["cost_usd"] = 0.001 * row["output_tokens"]
-    outcomes = read_long_outcomes(write_jsonl(tmp_path / "routing.jsonl", rows), dataset="demo")
-    written = write_outcomes(outcomes, tmp_path / "out")
-    assert [path.name for path in written.paths] == ["tasks.jsonl", "rewards.jsonl", "calls.jsonl"]
-    data = join_rewards(
-        load_rows(str(tmp_path / "out" / "rewards.jsonl"), "rewards"),
-        load_rows(str(tmp_path / "out" / "tasks.jsonl"), "tasks"),
-        min_rows=1,
+def per_sample_log(folder: Path) -> tuple[Path, Path]:
+    """(outcomes.csv, questions.jsonl) as MMLU-Pro publishes them: two ids share one prompt, ids are numbers
+    in the JSON lines and text in the CSV, one question has no outcome, and q3 lacks model b."""
+    questions = write_jsonl(
+        folder / "questions.jsonl",
+        [
+            {"question_id": 1, "category": "law", "prompt": "Is it legal?", "answer": "A"},
+            {"question_id": 2, "category": "law", "prompt": "Is it legal?", "answer": "B"},
+            {"question_id": 3, "category": "math", "prompt": "What is 2+2?", "answer": "C"},
+            {"question_id": 4, "category": "math", "prompt": "Never asked.", "answer": "D"},
+        ],
     )
-    assert data.task_ids == outcomes.task_ids and data.prompts == outcomes.prompts
-    np.testing.assert_array_equal(data.rewards, outcomes.rewards)
-    costs = load_cost_data(tmp_path / "out" / "calls.jsonl", tmp_path / "out" / "rewards.jsonl")
-    np.testing.assert_allclose(costs.cost_usd, [[0.010, 0.011], [0.010, 0.011]])
-    np.testing.assert_allclose(costs.latency_s, [[1.5, 2.5], [1.5, 2.5]])
-    rewards = read_jsonl(tmp_path / "out" / "rewards.jsonl")
-    assert [row["task_group"] for row in rewards] == ["gsm8k", "mmlu"] and rewards[0]["dataset"] == "demo"
-    assert rewards[0]["best_agents"] == ["llama3-70b-instruct"] and rewards[0]["repetitions"] == 1
-    assert written.cost_unit == "usd" and not any("cost counts calls" in note for note in written.notes)
-
-
-def test_without_costs_or_a_pool_each_call_costs_one(tmp_path):
-    path = write_csv(tmp_path / "plain.csv", ["prompt", "model", "correct"], [["q", "a", 1], ["q", "b", 0]])
-    written = write_outcomes(read_long_outcomes(path), tmp_path / "out")
-    calls = read_jsonl(tmp_path / "out" / "calls.jsonl")[0]["calls"]
-    assert [call["cost_usd"] for call in calls] == [1.0, 1.0] and written.cost_unit == "calls"
-    assert [call["latency_ms"] for call in calls] == [0.0, 0.0]
-    assert any("cost counts calls" in note for note in written.notes)
-    assert any("latency_ms is written as 0" in note for note in written.notes)
-
-
-def test_a_pool_without_tokens_to_price_is_refused(tmp_path):
-    outcomes = read_long_outcomes(
-        write_csv(tmp_path / "plain.csv", ["prompt", "model", "correct"], [["q", "a", 1], ["q", "b", 0]])
+    outcomes = write_csv(
+        folder / "outcomes.csv",
+        ["question_id", "model", "pred", "correct", "cost_usd"],
+        [
+            [2, "a", "B", 1, 0.002],
+            [1, "a", "A", 1, 0.001],
+            [1, "b", "C", 0, 0.01],
+            [2, "b", "", 0, 0.02],
+            [3, "a", "C", 1, 0.003],
+        ],
     )
-    prices = {"a": None, "b": None}
-    with pytest.raises(InputError, match=r"model 'a' has no cost and no token counts to price"):
-        with_prices(outcomes, prices)
+    return outcomes, questions
 
 
-def test_partly_known_costs_are_refused_before_anything_is_written(tmp_path):
-    path = write_csv(
-        tmp_path / "part.csv", ["prompt", "model", "correct", "cost"], [["q", "a", 1, 0.1], ["q", "b", 0, ""]]
-    )
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "rewards.jsonl").write_text("previous\n")
-    with pytest.raises(InputError, match=r"model 'b' has no cost while other calls have one"):
-        write_outcomes(read_long_outcomes(path), out)
-    assert sorted(p.name for p in out.iterdir()) == ["rewards.jsonl"]
-    assert (out / "rewards.jsonl").read_text() == "previous\n"
+def test_outcomes_join_their_prompts_by_id_and_repeated_prompts_stay_two_tasks(tmp_path):
+    outcomes_path, questions_path = per_sample_log(tmp_path)
+    prompts = read_prompts(questions_path, LongColumns(id="question_id"))
+    assert prompts.ids == ["1", "2", "3", "4"] and prompts.groups == ["law", "law", "math", "math"]
+    with pytest.raises(InputError, match=r"outcomes.csv: id '3' \(questions.jsonl line 3\) has no row for model 'b'"):
+        read_long_outcomes(outcomes_path, prompts=prompts)
+    outcomes = read_long_outcomes(outcomes_path, prompts=prompts, drop_incomplete=True)
+    # Tasks in the prompts file's order, agents in the order they first appear; the cells where they belong.
+    assert outcomes.task_ids == ["1", "2"] and outcomes.prompts == ["Is it legal?", "Is it legal?"]
+    assert outcomes.groups == ["law", "law"] and outcomes.agents == ["a", "b"]
+    assert outcomes.rewards.tolist() == [[1.0, 0.0], [1.0, 0.0]]
+    assert outcomes.cost_usd.tolist() == [[0.001, 0.01], [0.002, 0.02]]
+    assert outcomes.sources == ["questions.jsonl:1", "questions.jsonl:2"] and outcomes.dropped_incomplete == 1
+    assert any("1 prompts of questions.jsonl have no outcome rows" in note for note in outcomes.notes)
 
 
-def test_fixed_costs_per_call_fill_unknown_costs_and_keep_known_ones(tmp_path):
-    path = write_csv(
-        tmp_path / "mixed.csv",
-        ["prompt", "model", "correct", "cost"],
-        [["q1", "weak", 1, ""], ["q1", "strong", 1, ""], ["q2", "weak", 0, 0.5], ["q2", "strong", 1, ""]],
-    )
-    outcomes = with_call_costs(read_long_outcomes(path), {"strong": 1.0, "weak": 0.0}, unit="calls")
-    assert outcomes.cost_usd.tolist() == [[0.0, 1.0], [0.5, 1.0]] and outcomes.cost_unit == "calls"
-    with pytest.raises(InputError, match=r"call_cost must name every agent .*missing: \['strong'\]"):
-        with_call_costs(read_long_outcomes(path), {"weak": 0.0})
-    with pytest.raises(InputError, match=r"call_cost of 'weak' is -1"):
-        with_call_costs(read_long_outcomes(path), {"weak": -1, "strong": 1.0})
+@pytest.mark.parametrize(
+    ("prompts_rows", "outcome_rows", "message"),
+    [
+        (  # an outcome whose id has no prompt
+            [{"question_id": 1, "prompt": "p"}],
+            [[1, "a", 1], [9, "a", 0]],
+            r"outcomes.csv line 3 has id '9', which the prompts file .*prompts.jsonl does not have",
+        ),
+        (  # an id twice in the prompts file
+            [{"question_id": 1, "prompt": "p"}, {"question_id": 1, "prompt": "q"}],
+            [[1, "a", 1]],
+            r"prompts.jsonl line 2 repeats id '1' \(first at line 1\); each id needs one prompt",
+        ),
+        (  # a prompts file without the id column
+            [{"id_of_question": 1, "prompt": "p"}],
+            [[1, "a", 1]],
+            r"prompts.jsonl has no column 'question_id' for the task id; it has 'id_of_question', 'prompt'",
+        ),
+        (  # a (task, model) pair twice
+            [{"question_id": 1, "prompt": "p"}],
+            [[1, "a", 1], [1, "a", 0]],
+            r"outcomes.csv line 3 repeats id '1' for model 'a' \(first at line 2\)",
+        ),
+    ],
+)
+def test_join_errors_are_one_line_naming_the_id_and_the_line(tmp_path, prompts_rows, outcome_rows, message):
+    prompts_path = write_jsonl(tmp_path / "prompts.jsonl", prompts_rows)
+    outcomes_path = write_csv(tmp_path / "outcomes.csv", ["question_id", "model", "correct"], outcome_rows)
+    with pytest.raises(InputError, match=message) as raised:
+        read_long_outcomes(outcomes_path, prompts=read_prompts(prompts_path, LongColumns(id="question_id")))
+    assert "\n" not in str(raised.value)
 
 
-def test_an_output_that_cannot_be_written_leaves_no_temporary_file(tmp_path):
-    path = write_csv(tmp_path / "plain.csv", ["prompt", "model", "correct"], [["q", "a", 1], ["q", "b", 0]])
-    out = tmp_path / "out"
-    (out / "calls.jsonl").mkdir(parents=True)  # the third file's path is a folder
-    with pytest.raises(InputError, match=r"output .*calls.jsonl is a folder"):
-        write_outcomes(read_long_outcomes(path), out)
-    assert [p.name for p in out.iterdir()] == ["calls.jsonl"]
+def test_an_outcomes_file_without_the_id_column_names_it(tmp_path):
+    prompts = read_prompts(write_jsonl(tmp_path / "prompts.jsonl", [{"task_id": "t1", "prompt": "p"}]))
+    assert prompts.id_column == "task_id"  # found among the usual id columns
+    outcomes_path = write_csv(tmp_path / "outcomes.csv", ["id", "model", "correct"], [["t1", "a", 1]])
+    with pytest.raises(InputError, match=r"outcomes.csv has no column 'task_id', the id of the prompts file"):
+        read_long_outcomes(outcomes_path, prompts=prompts)
+
+
+def test_a_contaminated_prompt_drops_its_outcomes_by_id(tmp_path):
+    outcomes_path, questions_path = per_sample_log(tmp_path)
+    listing = write_jsonl(tmp_path / "contaminated.jsonl", [{"eval_prompt": "What is 2+2?"}])
+    outcomes = read_long_outcomes(outcomes_path, contaminated=[listing], prompts=read_prompts(questions_path))
+    assert outcomes.task_ids == ["1", "2"] and outcomes.dropped_contaminated == 1 and outcomes.dropped_incomplete == 0
