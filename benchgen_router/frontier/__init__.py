@@ -78,8 +78,10 @@ from benchgen_router.frontier.grid import (
 )
 from benchgen_router.frontier.pareto import (
     FRONTIER_KINDS,
+    aiq_window,
     area_under_frontier,
     cheapest_within,
+    cost_to_reach,
     dominates,
     frontier_value,
     headline,
@@ -121,10 +123,12 @@ __all__ = [
     "TargetResult",
     "Tradeoff",
     "TrainedHead",
+    "aiq_window",
     "area_under_frontier",
     "best_fixed_agent",
     "cheapest_within",
     "check_search_options",
+    "cost_to_reach",
     "cross_validate_frontier",
     "default_grid",
     "dominates",

@@ -260,11 +260,10 @@ def _window(costs: np.ndarray, qualities: np.ndarray) -> tuple[np.ndarray, np.nd
     return _by_cost(np.asarray(keep_costs, float), np.asarray(keep_qualities, float))
 
 
-def oracle_curve(gap: PoolGap, rewards: np.ndarray, cost: np.ndarray) -> GapCurve:
-    """The least mean cost for each mean quality when every answer is known: per row the agents on the
-    upper hull of (cost, reward), the hull's steps of all rows taken best-ratio first (the exact
-    frontier of fractional choices), then flat to the best agent's cost. Two agents: RouteLLM's
-    get_optimal_accuracy at every share."""
+def oracle_frontier(rewards: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean costs, mean qualities) of the least mean cost for each mean quality when every answer is known:
+    per row the agents on the upper hull of (cost, reward), the hull's steps of all rows taken best-ratio
+    first (the exact frontier of fractional choices), from every row's cheapest agent to every row's best."""
     rewards, cost = np.asarray(rewards, float), np.asarray(cost, float)
     rows = len(rewards)
     start_cost, start_quality, steps = 0.0, 0.0, []
@@ -285,10 +284,16 @@ def oracle_curve(gap: PoolGap, rewards: np.ndarray, cost: np.ndarray) -> GapCurv
     for _, extra_cost, extra_reward in steps:
         costs.append(costs[-1] + extra_cost / rows)
         qualities.append(qualities[-1] + extra_reward / rows)
+    return np.asarray(costs), np.asarray(qualities)
+
+
+def oracle_curve(gap: PoolGap, rewards: np.ndarray, cost: np.ndarray) -> GapCurve:
+    """The oracle's frontier (oracle_frontier) on a gap, flat from its end to the best agent's cost. Two
+    agents: RouteLLM's get_optimal_accuracy at every share."""
+    costs, qualities = oracle_frontier(rewards, cost)
     if costs[-1] < gap.best_cost:
-        costs.append(gap.best_cost)
-        qualities.append(qualities[-1])
-    return GapCurve("oracle", gap.normalise(np.asarray(costs)), np.asarray(qualities))
+        costs, qualities = np.append(costs, gap.best_cost), np.append(qualities, qualities[-1])
+    return GapCurve("oracle", gap.normalise(costs), qualities)
 
 
 def two_agent_gap(rewards: np.ndarray, agents: Sequence[str], strong: int) -> PoolGap:

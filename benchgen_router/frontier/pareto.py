@@ -82,10 +82,13 @@ def frontier_value(breakpoints: Sequence[tuple[float, float]], x: float) -> floa
 
 
 def area_under_frontier(points: Iterable[tuple[float, float]], low: float, high: float) -> float:
-    """Mean of f over the cost window [low, high] (f from reachable_frontier, 0 where no policy is that
-    cheap): the RouterBench-style AIQ ("average quality over a cost range of the non-decreasing convex
-    hull"), defined here exactly so it can be recomputed. f is piecewise linear, so the integral is an
-    exact sum of trapezoids."""
+    """RouterBench's AIQ (Hu et al., arXiv 2403.12031, "average improvement in quality") of a router's
+    (cost, quality) points over the cost window [low, high]: (1 / (high - low)) times the integral over the
+    window of f, the points' non-decreasing convex hull (reachable_frontier: any random mix of the points
+    is reachable, so f is their upper concave hull up to the best point, flat after it), 0 below the
+    cheapest point, where nothing is reachable (as RouterBench's calc_AIQ, which integrates from 0). f is
+    piecewise linear, so the integral is an exact sum of trapezoids. Routers are compared over one shared
+    window (aiq_window)."""
     if not high > low:
         raise ValueError(f"empty cost window [{low}, {high}]")
     breakpoints = reachable_frontier(points)
@@ -96,6 +99,30 @@ def area_under_frontier(points: Iterable[tuple[float, float]], low: float, high:
             continue
         area += 0.5 * (frontier_value(breakpoints, left) + frontier_value(breakpoints, right)) * (right - left)
     return area / (high - low)
+
+
+def aiq_window(curves: Iterable[Iterable[tuple[float, float]]]) -> tuple[float, float]:
+    """RouterBench's shared cost window for the AIQ of several routers (its calc_AIQ): from 0 to the
+    largest cost at which any of their non-decreasing convex hulls reaches its best quality (past it, every
+    hull is flat)."""
+    peaks = [reachable_frontier(points)[-1][0] for points in curves]
+    if not peaks:
+        raise ValueError("no curves")
+    return 0.0, max(peaks)
+
+
+def cost_to_reach(points: Iterable[tuple[float, float]], quality: float) -> float | None:
+    """The least mean cost at which a random mix of the points reaches `quality` (where reachable_frontier
+    first attains it), or None when no mix does."""
+    previous: tuple[float, float] | None = None
+    for x, y in reachable_frontier(points):
+        if y >= quality - _TIE:
+            if previous is None:  # the cheapest point already reaches it
+                return x
+            (x1, y1) = previous
+            return x1 + (x - x1) * (quality - y1) / (y - y1)
+        previous = (x, y)
+    return None
 
 
 def cheapest_within(

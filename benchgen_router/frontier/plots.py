@@ -220,17 +220,40 @@ def plot_gap_panels(
 ) -> None:
     """Gap-recovered curves (frontier.gap), one panel per (title, lines) side by side: random, a
     straight line, in gray dashes and the oracle dotted in black; each router its own colour."""
+    plot_curve_panels([(panel_title, lines, ()) for panel_title, lines in panels], png, xlabel, ylabel, title)
+
+
+def plot_curve_panels(
+    panels: Sequence[tuple[str, Sequence[GapLine], Sequence[tuple[str, float, float]]]],
+    png: str | Path,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    log_x: bool = False,
+) -> None:
+    """Curves, one panel per (title, lines, marks) side by side: lines named "random" or "zero router" in
+    gray dashes, "oracle" dotted in black, each other its own colour; marks are labelled points (single
+    models), the label shown when it is not empty."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: the plots are only written to files
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), dpi=110, squeeze=False)
-    for ax, (panel_title, lines) in zip(axes[0], panels, strict=True):
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5.5), dpi=110, squeeze=False)
+    for ax, (panel_title, lines, marks) in zip(axes[0], panels, strict=True):
         routers = iter(("tab:blue", "tab:orange", "tab:purple", "tab:red", "tab:brown", "tab:pink", "tab:olive"))
         for label, xs, ys in lines:
-            style, color = {"random": ("--", "gray"), "oracle": (":", "black")}.get(label, ("-", None))
+            style, color = {"random": ("--", "gray"), "zero router": ("--", "gray"), "oracle": (":", "black")}.get(
+                label, ("-", None)
+            )
             ax.plot(xs, ys, style, color=color or next(routers, None), lw=1.4, label=label)
+        if marks:
+            ax.plot([x for _, x, _ in marks], [y for _, _, y in marks], "D", color="black", ms=3, label="single model")
+            for label, x, y in marks:
+                if label:
+                    ax.annotate(label, (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points")
+        if log_x:
+            ax.set_xscale("log")
         ax.set_title(panel_title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
