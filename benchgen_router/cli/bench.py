@@ -4,7 +4,7 @@
     benchgen-router bench --layers 4 --queries 16  # a quick look
     benchgen-router bench --device cuda            # GPU: every prompt, float32 and bfloat16 peaks on the GPU
     benchgen-router bench --output table.md        # also write the table (.json: every number as JSON)
-    benchgen-router bench service|load-memory|streaming --help   # the other benchmarks, each with its own options
+    benchgen-router bench service|load-memory|streaming|value --help   # the other benchmarks, each with its own options
 
 One run builds a synthetic backbone with the exact Qwen3-1.7B geometry (random weights, fixed seed;
 saved in bfloat16 like the real checkpoint unless --checkpoint-dtype says otherwise) and a
@@ -44,9 +44,14 @@ from benchgen_router.bench.workload import DEFAULT_TASKS
 from benchgen_router.cli.common import EXIT_CODES_HELP
 from benchgen_router.errors import InputError
 
-HELP = "benchmark routing speed side by side with the reference (or: service, load-memory, streaming)"
+HELP = "benchmark routing speed side by side with the reference (or: service, load-memory, streaming, value)"
 # the other benchmarks: name -> module of benchgen_router.cli with HELP, add_arguments(parser) and run(args)
-BENCHMARKS = {"service": "bench_service", "load-memory": "bench_load_memory", "streaming": "bench_streaming"}
+BENCHMARKS = {
+    "service": "bench_service",
+    "load-memory": "bench_load_memory",
+    "streaming": "bench_streaming",
+    "value": "bench_value",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_benchmark_subcommands(parser: argparse.ArgumentParser) -> None:
-    """`bench service`, `bench load-memory`, `bench streaming`; without one, `bench` is the routing benchmark."""
+    """`bench service`, `bench load-memory`, `bench streaming`, `bench value`; without one, `bench` is the routing
+    speed benchmark."""
     parser.usage = f"%(prog)s [options]\n       %(prog)s {{{','.join(BENCHMARKS)}}} [options]"
     benchmarks = parser.add_subparsers(
         dest="benchmark",

@@ -1,0 +1,265 @@
+"""A routing-value result as Markdown tables, plain JSON and PNG curves. Every figure is held out: the
+mean and standard deviation (ddof 1) over the folds of one kind."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchgen_router.bench.value.routers import ROUTER_NAMES
+from benchgen_router.bench.value.run import FoldResult, ValueResult
+from benchgen_router.frontier.pareto import frontier_value, reachable_frontier
+
+KINDS = ("k-fold", "groups-out")
+RULE_NAMES = {"lambda": "lambda swept", "tolerance": "tolerance swept"}
+REFERENCES = ("zero router", "oracle")
+MARGIN_NAMES = {"cmaes_margin": "CMA-ES reward-only head, margin swept", "random": "random"}
+
+
+def curve_name(key: str) -> str:
+    """ "probability/lambda" -> "probability head, lambda swept"; references keep their names."""
+    router, _, rule = key.partition("/")
+    if router in REFERENCES:
+        return router
+    return f"{ROUTER_NAMES.get(router, router)}, {RULE_NAMES[rule]}" if rule else ROUTER_NAMES.get(router, router)
+
+
+def _spread(values: Sequence[float]) -> tuple[float, float]:
+    array = np.asarray(values, dtype=float)
+    return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0
+
+
+def _curve_keys(folds: Sequence[FoldResult]) -> list[str]:
+    keys = dict.fromkeys(key for fold in folds for key in fold.figures if key not in REFERENCES)
+    return [*keys, *REFERENCES]
+
+
+def summary(result: ValueResult, kind: str) -> dict[str, Any]:
+    """Per curve over the folds of `kind`: folds, the cost share at the reference's accuracy (mean and std
+    over the folds that reach it, and how many do), best accuracy, AIQ and AIQ minus the zero router's
+    (paired per fold), and seconds fitting and scoring."""
+    folds = [fold for fold in result.folds if fold.kind == kind]
+    out: dict[str, Any] = {}
+    for key in _curve_keys(folds):
+        runs = [fold for fold in folds if key in fold.figures]
+        if not runs:
+            continue
+        shares = [fold.figures[key].share for fold in runs if fold.figures[key].share is not None]
+        record: dict[str, Any] = {"folds": len(runs), "reached": len(shares)}
+        if shares:
+            record["share"], record["share_std"] = _spread(shares)
+        record["best"], record["best_std"] = _spread([fold.figures[key].best for fold in runs])
+        record["aiq"], record["aiq_std"] = _spread([fold.figures[key].aiq for fold in runs])
+        paired = [fold.figures[key].aiq - fold.figures["zero router"].aiq for fold in runs]
+        record["aiq_gain"], record["aiq_gain_std"] = _spread(paired)
+        router = key.partition("/")[0]
+        record["seconds"] = float(sum(fold.seconds.get(router, 0.0) for fold in runs))
+        out[key] = record
+    notes = sorted({note for fold in folds for note in fold.notes.values()})
+    return {"curves": out, "notes": notes, "folds": len(folds)}
+
+
+def _share_cell(record: dict[str, Any]) -> str:
+    if record["reached"] == 0:
+        return "never"
+    cell = f"{100 * record['share']:.1f}% ± {100 * record['share_std']:.1f}"
+    return cell if record["reached"] == record["folds"] else f"{cell} ({record['reached']} of {record['folds']} folds)"
+
+
+def format_result(result: ValueResult) -> str:
+    """The Markdown tables: per split kind, every curve's figures; the single models; the probability
+    head's rules (tolerance settings and usd-per-1k budgets); with two agents, RouteLLM's figures."""
+    unit = result.cost_unit
+    lines: list[str] = []
+    for kind in KINDS:
+        folds = [fold for fold in result.folds if fold.kind == kind]
+        if not folds:
+            continue
+        table = summary(result, kind)
+        references = sorted({fold.reference for fold in folds})
+        lines += [
+            f"### {result.matrix}, {kind} ({len(folds)} folds; {result.rows} tasks, {len(result.agents)} agents)",
+            "",
+            f"Reference (the single model best on each fold's training rows): {', '.join(references)}.",
+            "",
+            "| router | folds | cost share at the reference's accuracy | best accuracy | AIQ | AIQ - zero router "
+            "| fit+score s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for key, record in table["curves"].items():
+            gain = "" if key == "zero router" else f"{record['aiq_gain']:+.4f} ± {record['aiq_gain_std']:.4f}"
+            lines.append(
+                f"| {curve_name(key)} | {record['folds']} | {_share_cell(record)} | "
+                f"{record['best']:.4f} ± {record['best_std']:.4f} | {record['aiq']:.4f} ± {record['aiq_std']:.4f} | "
+                f"{gain} | {record['seconds']:.0f} |"
+            )
+        lines += [f"- {note}" for note in table["notes"]]
+        lines.append("")
+        lines += _rules_tables(folds, result)
+        if folds[0].gap:
+            lines += _routellm_table(folds)
+    lines += _singles_table(result, unit)
+    return "\n".join(lines)
+
+
+def _singles_table(result: ValueResult, unit: str) -> list[str]:
+    folds = [fold for fold in result.folds if fold.kind == "k-fold"] or result.folds
+    rows = []
+    for agent in result.agents:
+        cost, accuracy = (
+            _spread([fold.singles[agent][0] for fold in folds]),
+            _spread([fold.singles[agent][1] for fold in folds]),
+        )
+        rows.append((accuracy[0], f"| {agent} | {accuracy[0]:.4f} ± {accuracy[1]:.4f} | {cost[0]:.4f} |"))
+    return [
+        f"### Single models ({folds[0].kind} folds, held out)",
+        "",
+        f"| model | accuracy | {unit} |",
+        "| --- | ---: | ---: |",
+        *[row for _, row in sorted(rows, key=lambda item: -item[0])],
+        "",
+    ]
+
+
+def _rules_tables(folds: Sequence[FoldResult], result: ValueResult) -> list[str]:
+    """The probability head at each tolerance, and each usd-per-1k budget asked against the spend."""
+    lines: list[str] = []
+    tolerance = [fold.curves["probability/tolerance"] for fold in folds if "probability/tolerance" in fold.curves]
+    if tolerance:
+        lines += [
+            "Probability head, `tolerance=T` (the cheapest agent within T of the most likely):",
+            "",
+            "| T | accuracy | cost share of the reference's |",
+            "| ---: | ---: | ---: |",
+        ]
+        for index, value in enumerate(result.config.tolerances):
+            accuracy = _spread([points[index][1] for points in tolerance])
+            share = _spread(
+                [points[index][0] / fold.reference_point[0] for points, fold in zip(tolerance, folds, strict=False)]
+            )
+            lines.append(
+                f"| {value:g} | {accuracy[0]:.4f} ± {accuracy[1]:.4f} | {100 * share[0]:.1f}% ± {100 * share[1]:.1f} |"
+            )
+        lines.append("")
+    budgets = [fold.budgets for fold in folds if fold.budgets]
+    if budgets:
+        lines += [
+            "Probability head, `usd-per-1k=Y` (calibrated on the training rows), Y a share of the reference's cost:",
+            "",
+            "| Y, share | asked | spent | spent / asked | accuracy |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for index, share in enumerate(result.config.budgets):
+            asked = _spread([rows[index]["asked"] for rows in budgets])
+            spent = _spread([rows[index]["spent"] for rows in budgets])
+            ratio = _spread([rows[index]["spent"] / rows[index]["asked"] for rows in budgets])
+            accuracy = _spread([rows[index]["accuracy"] for rows in budgets])
+            lines.append(
+                f"| {share:g} | {asked[0]:.4f} | {spent[0]:.4f} ± {spent[1]:.4f} | {ratio[0]:.3f} ± {ratio[1]:.3f} | "
+                f"{accuracy[0]:.4f} ± {accuracy[1]:.4f} |"
+            )
+        lines.append("")
+    return lines
+
+
+def _routellm_table(folds: Sequence[FoldResult]) -> list[str]:
+    usable = [fold for fold in folds if "figures" in fold.gap]
+    if not usable:
+        return [f"RouteLLM's figures: {folds[0].gap.get('note')}", ""]
+    names = dict.fromkeys(name for fold in usable for name in fold.gap["figures"])
+    lines = ["RouteLLM's figures (two agents):", "", "| router | folds | APGR | CPT(50%) | CPT(80%) |"]
+    lines.append("| --- | ---: | ---: | ---: | ---: |")
+    for name in names:
+        runs = [fold.gap["figures"][name] for fold in usable if name in fold.gap["figures"]]
+        apgr, cpt50, cpt80 = (_spread([run[key] for run in runs]) for key in ("apgr", "cpt_50", "cpt_80"))
+        label = {"cmaes_margin": "CMA-ES reward-only head, margin swept", "random": "random"}.get(
+            name, curve_name(name)
+        )
+        lines.append(
+            f"| {label} | {len(runs)} | {apgr[0]:.3f} ± {apgr[1]:.3f} | {100 * cpt50[0]:.1f}% ± {100 * cpt50[1]:.1f} "
+            f"| {100 * cpt80[0]:.1f}% ± {100 * cpt80[1]:.1f} |"
+        )
+    return [*lines, ""]
+
+
+def result_to_dict(result: ValueResult) -> dict[str, Any]:
+    """The settings, each kind's summary and every fold's points and figures, as plain JSON types."""
+    config = result.config
+    return {
+        "matrix": result.matrix,
+        "agents": result.agents,
+        "rows": result.rows,
+        "cost_unit": result.cost_unit,
+        "seconds": result.seconds,
+        "settings": {
+            key: (list(value) if isinstance(value, tuple) else value)
+            for key, value in vars(config).items()
+            if key not in ("cache_dir", "progress")
+        },
+        "summary": {kind: summary(result, kind) for kind in KINDS if any(f.kind == kind for f in result.folds)},
+        "folds": [
+            {
+                "kind": fold.kind,
+                "repeat": fold.repeat,
+                "fold": fold.fold,
+                "rows": fold.rows,
+                "reference": fold.reference,
+                "reference_point": list(fold.reference_point),
+                "window": list(fold.window),
+                "singles": {agent: list(point) for agent, point in fold.singles.items()},
+                "curves": {key: [list(point) for point in points] for key, points in fold.curves.items()},
+                "figures": {key: figures.to_dict() for key, figures in fold.figures.items()},
+                "notes": fold.notes,
+                "budgets": fold.budgets,
+                "seconds": fold.seconds,
+                "routellm": {key: value for key, value in fold.gap.items() if key != "curves"},
+            }
+            for fold in result.folds
+        ],
+    }
+
+
+def mean_curve(folds: Sequence[FoldResult], key: str, grid: np.ndarray) -> np.ndarray | None:
+    """The mean over folds of each fold's non-decreasing convex hull of the curve's points, at the costs
+    in `grid` (NaN below a fold's cheapest point, where nothing is reachable)."""
+    runs = [fold.curves[key] for fold in folds if key in fold.curves]
+    if not runs:
+        return None
+    values = []
+    for points in runs:
+        hull = reachable_frontier(points)
+        values.append([frontier_value(hull, x) if x >= hull[0][0] else np.nan for x in grid])
+    return np.nanmean(np.asarray(values, dtype=float), axis=0)
+
+
+def plot_result(result: ValueResult, png: str | Path, labelled: int = 4) -> None:
+    """Accuracy against cost per 1,000 queries (log scale), one panel per split kind: each curve's mean
+    held-out hull, the zero router dashed, the oracle dotted, each single model a point (the `labelled`
+    most accurate named)."""
+    from benchgen_router.frontier.plots import plot_curve_panels
+
+    everything = np.array([cost for fold in result.folds for cost, _ in fold.singles.values()])
+    grid = np.geomspace(max(everything.min(), 1e-12) * 0.8, everything.max(), 200)
+    panels = []
+    for kind in KINDS:
+        folds = [fold for fold in result.folds if fold.kind == kind]
+        if not folds:
+            continue
+        lines = [
+            (curve_name(key), grid, curve)
+            for key in _curve_keys(folds)
+            if (curve := mean_curve(folds, key, grid)) is not None
+        ]
+        means = {
+            agent: (np.mean([f.singles[agent][0] for f in folds]), np.mean([f.singles[agent][1] for f in folds]))
+            for agent in result.agents
+        }
+        named = sorted(means, key=lambda agent: -means[agent][1])[:labelled]
+        marks = [(agent if agent in named else "", *means[agent]) for agent in result.agents]
+        panels.append((f"{result.matrix}, {kind} ({len(folds)} folds)", lines, marks))
+    plot_curve_panels(
+        panels, png, f"{result.cost_unit} (log scale)", "accuracy (held out, mean over folds)", log_x=True
+    )
