@@ -232,8 +232,9 @@ def plot_curve_panels(
     log_x: bool = False,
 ) -> None:
     """Curves, one panel per (title, lines, marks) side by side: lines named "random" or "zero router" in
-    gray dashes, "oracle" dotted in black, each other its own colour; marks are labelled points (single
-    models), the label shown when it is not empty."""
+    gray dashes, "oracle" dotted in black, each other its own colour, except that "NAME, ..." lines share
+    NAME's colour and take a line style each; marks are labelled points (single models), the label shown
+    when it is not empty."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: the plots are only written to files
@@ -242,11 +243,17 @@ def plot_curve_panels(
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5.5), dpi=110, squeeze=False)
     for ax, (panel_title, lines, marks) in zip(axes[0], panels, strict=True):
         routers = iter(("tab:blue", "tab:orange", "tab:purple", "tab:red", "tab:brown", "tab:pink", "tab:olive"))
+        colors: dict[str, Any] = {}
+        styles: dict[str, Any] = {}
         for label, xs, ys in lines:
             style, color = {"random": ("--", "gray"), "zero router": ("--", "gray"), "oracle": (":", "black")}.get(
-                label, ("-", None)
+                label, (None, None)
             )
-            ax.plot(xs, ys, style, color=color or next(routers, None), lw=1.4, label=label)
+            if color is None:  # a router: one colour per name before the comma, one style per variant after it
+                family, _, variant = label.partition(", ")
+                color = colors.setdefault(family, next(routers, None))
+                style = styles.setdefault(variant, ("-", "-.", (0, (5, 1)), (0, (1, 1)))[len(styles) % 4])
+            ax.plot(xs, ys, linestyle=style, color=color, lw=1.4, label=label)
         if marks:
             ax.plot([x for _, x, _ in marks], [y for _, _, y in marks], "D", color="black", ms=3, label="single model")
             for label, x, y in marks:

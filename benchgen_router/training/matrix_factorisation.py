@@ -9,7 +9,9 @@ The model is EmbedLLM's correctness predictor (richardzhuang0412/EmbedLLM, algor
 embeddings P (N, d), a projection W (D -> d, with bias), a classifier w (d -> 1, with bias), logit(m, q) =
 w . (P_m * W q) + b, trained on every (query, agent) cell with binary cross-entropy (EmbedLLM's two-class
 cross-entropy is the same loss), Gaussian noise of scale NOISE on the query embedding while training, and
-Adam with weight decay 1e-5, as both RouteLLM and EmbedLLM train. Query embeddings are scaled to unit
+Adam with weight decay 1e-5, as both RouteLLM and EmbedLLM train. A step takes about BATCH_CELLS cells, as
+EmbedLLM's, but whole queries with every agent's cell, so that each query is projected once per step
+(and its noise drawn once). Query embeddings are scaled to unit
 length first (EmbedLLM's sentence embeddings are; the router's masked mean is not), so the noise has the
 scale it has there. Rather than a fixed number of epochs, training stops when the log loss on a held-back
 share of the training queries has not improved for PATIENCE epochs, and keeps the best epoch's weights.
@@ -103,33 +105,29 @@ def _train(
     parameters = [agent_vectors, *projection.parameters(), *classifier.parameters()]
     optimiser = torch.optim.Adam(parameters, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
 
-    def logits(rows: torch.Tensor, columns: torch.Tensor, noisy: bool) -> torch.Tensor:
+    def logits(rows: torch.Tensor, noisy: bool) -> torch.Tensor:
+        """(rows, agents) logits: each query projected once, against every agent's vector."""
         q = queries[rows]
         if noisy:
             q = q + NOISE * torch.randn(q.shape, generator=generator)
-        return classifier(projection(q) * agent_vectors[columns]).squeeze(-1)
+        return classifier(projection(q)[:, None, :] * agent_vectors[None, :, :]).squeeze(-1)
 
     train_rows = torch.from_numpy(np.flatnonzero(~held))
     held_rows = torch.from_numpy(np.flatnonzero(held))
-    cells = torch.cartesian_prod(train_rows, torch.arange(agents))  # (train rows x agents, 2)
-    held_cells = torch.cartesian_prod(held_rows, torch.arange(agents))
+    per_batch = max(1, BATCH_CELLS // agents)  # queries per step: about BATCH_CELLS cells
     best = (np.inf, 0, [p.detach().clone() for p in parameters])
     epoch = 0
     for epoch in range(1, max_epochs + 1):
-        order = cells[torch.randperm(len(cells), generator=generator)]
-        for start in range(0, len(order), BATCH_CELLS):
-            batch = order[start : start + BATCH_CELLS]
-            loss = nn.functional.binary_cross_entropy_with_logits(
-                logits(batch[:, 0], batch[:, 1], noisy=True), targets[batch[:, 0], batch[:, 1]]
-            )
+        order = train_rows[torch.randperm(len(train_rows), generator=generator)]
+        for start in range(0, len(order), per_batch):
+            batch = order[start : start + per_batch]
+            loss = nn.functional.binary_cross_entropy_with_logits(logits(batch, noisy=True), targets[batch])
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
         with torch.no_grad():
             held_loss = float(
-                nn.functional.binary_cross_entropy_with_logits(
-                    logits(held_cells[:, 0], held_cells[:, 1], noisy=False), targets[held_cells[:, 0], held_cells[:, 1]]
-                )
+                nn.functional.binary_cross_entropy_with_logits(logits(held_rows, noisy=False), targets[held_rows])
             )
         if held_loss < best[0]:
             best = (held_loss, epoch, [p.detach().clone() for p in parameters])

@@ -52,7 +52,8 @@ def fit_probability_head(
 ) -> ProbabilityHead:
     """Fit one L2-regularised logistic regression per agent: `embeddings` (n, D), `correct` (n, N) in
     [0, 1] (soft labels for graded rewards). Each agent's strength is the one of `strengths` with the
-    lowest mean held-out log loss over INNER_FOLDS seeded folds; the final fit uses every row."""
+    lowest mean held-out log loss over INNER_FOLDS seeded folds, the strengths tried strongest first until one
+    improves no agent's held-out loss; the final fit uses every row."""
     import torch
 
     x = np.asarray(embeddings, dtype=np.float64)
@@ -77,15 +78,22 @@ def _fit_with_inner_cv(
     import torch
 
     y = targets.numpy()
-    losses = np.zeros((len(strengths), y.shape[1]))
-    for fold in np.unique(folds):
-        train, held = torch.from_numpy(folds != fold), torch.from_numpy(folds == fold)
-        start = None  # each strength starts from the stronger one's solution: far fewer steps
-        for k, strength in enumerate(strengths):
-            start = _fit(z[train], targets[train], torch.full((y.shape[1],), strength, dtype=torch.float64), start)
-            logits = z[held] @ start[0].T + start[1]
+    losses = np.full((len(strengths), y.shape[1]), np.inf)
+    splits = [(torch.from_numpy(folds != fold), torch.from_numpy(folds == fold)) for fold in np.unique(folds)]
+    starts: list[Any] = [None] * len(splits)  # each strength starts from the stronger one's solution: fewer steps
+    for k, strength in enumerate(strengths):
+        losses[k] = 0.0
+        for i, (train, held) in enumerate(splits):
+            starts[i] = _fit(
+                z[train], targets[train], torch.full((y.shape[1],), strength, dtype=torch.float64), starts[i]
+            )
+            logits = z[held] @ starts[i][0].T + starts[i][1]
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets[held], reduction="none")
             losses[k] += loss.sum(dim=0).numpy() / len(y)
+        # Held-out loss along the path rises once the penalty is too weak to curb overfitting: when no agent
+        # is better at this strength than at a stronger one, weaker ones (the slowest fits) are not tried.
+        if k and (losses[k] >= losses[:k].min(axis=0)).all():
+            break
     chosen = np.array([strengths[k] for k in losses.argmin(axis=0)])
     weight, bias = _fit(z, targets, torch.from_numpy(chosen))
     weight, bias = weight.numpy() / scale, bias.numpy() - (weight.numpy() / scale) @ mean

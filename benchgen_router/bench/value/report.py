@@ -224,15 +224,14 @@ def result_to_dict(result: ValueResult) -> dict[str, Any]:
 
 def mean_curve(folds: Sequence[FoldResult], key: str, grid: np.ndarray) -> np.ndarray | None:
     """The mean over folds of each fold's non-decreasing convex hull of the curve's points, at the costs
-    in `grid` (NaN below a fold's cheapest point, where nothing is reachable)."""
+    in `grid`; NaN below the dearest of the folds' cheapest points, where some fold reaches nothing."""
     runs = [fold.curves[key] for fold in folds if key in fold.curves]
     if not runs:
         return None
-    values = []
-    for points in runs:
-        hull = reachable_frontier(points)
-        values.append([frontier_value(hull, x) if x >= hull[0][0] else np.nan for x in grid])
-    return np.nanmean(np.asarray(values, dtype=float), axis=0)
+    hulls = [reachable_frontier(points) for points in runs]
+    start = max(hull[0][0] for hull in hulls)
+    values = [[frontier_value(hull, x) for x in grid] for hull in hulls]
+    return np.where(grid >= start, np.mean(np.asarray(values, dtype=float), axis=0), np.nan)
 
 
 def plot_result(result: ValueResult, png: str | Path, labelled: int = 4) -> None:
