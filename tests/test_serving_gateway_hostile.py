@@ -486,8 +486,8 @@ def test_a_stream_without_line_ends_costs_the_replica_what_one_with_them_does(ap
         f"1 MiB relayed in {ordinary_s:.1f} s with line ends, {endless_line_s:.1f} s without; /v1/route beside it: "
         f"median {1000 * median:.0f} ms, max {1000 * max(routes):.0f} ms over {len(routes)}"
     )
-    assert endless_line_s < 2 * ordinary_s + 1.0
-    assert median < 0.25
+    assert endless_line_s < 2 * ordinary_s + 2.0, (ordinary_s, endless_line_s)
+    assert median < 0.3, routes
 
 
 # ---------------------------------------------------------------------------------------------
