@@ -273,9 +273,11 @@ def test_a_service_without_upstreams_answers_the_gateway_routes_with_a_404_in_op
     cls = RouterService.func_or_class  # the class Ray Serve deploys, its methods run without Ray
     refused: list[str] = []
     service = SimpleNamespace(
-        gateway=None, rejected=SimpleNamespace(inc=lambda n, tags: refused.append(tags["status"]))
+        gateway=None,
+        journal_metrics=None,
+        rejected=SimpleNamespace(inc=lambda n, tags: refused.append(tags["status"])),
     )
-    for name in ("chat_counted", "gateway_on", "count_refusal"):
+    for name in ("chat_counted", "gateway_on", "count_refusal", "update_journal_metrics"):
         setattr(service, name, MethodType(getattr(cls, name), service))
     request = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []})
     with pytest.raises(GatewayError) as caught:
