@@ -51,8 +51,12 @@ class RouterConfig(PretrainedConfig):
             dropped before tokenizing (see `canonical_query`); empty: queries as given, as the reference.
         head_kind: "cmaes" (the pick is the argmax) or "probability" (each agent's sigmoid is its probability of
             answering correctly, and a trade-off rule picks: docs/tradeoff.md), with `agent_costs_per_1k` (USD
-            per 1,000 queries, `id2label` order) and `tradeoff_calibration` (margin quantiles at
-            evenly spaced levels from 0 to 1, and the `lambda` rule's cost over a grid, for the budget rules).
+            per 1,000 queries, `id2label` order) and `tradeoff_calibration`, what the budget rules need: each
+            agent's margin quantiles at evenly spaced levels from 0 to 1, and the `lambda` rule's cost over a
+            grid of lambdas. `model.safetensors` holds them (`tradeoff.margins` (agents, levels),
+            `tradeoff.lambdas`, `tradeoff.cost_per_1k`) and the config their sizes, `{"rows": sample size,
+            "levels": L, "lambdas": K}`; a config written before holds the values themselves (`margins`
+            by agent, `lambdas`, `cost_per_1k`). `tradeoff`: the rule a query without one is decided by.
         id2label / label2id: the agent pool in logit order.
     """
 
@@ -157,9 +161,31 @@ class RouterConfig(PretrainedConfig):
         """Each agent's expected cost per 1,000 queries (`agent_costs_per_1k`; else 1,000: one unit a call)."""
         return self.agent_costs_per_1k or [1000.0] * len(self.id2label)
 
-    def tradeoff_rule(self, tradeoff: str | None) -> tuple[str, float, int]:
-        """The rule `decide` applies for `tradeoff` (None: the config's `tradeoff`, else DEFAULT_TRADEOFF),
-        budgets resolved through `tradeoff_calibration`; a ValueError for a CMA-ES head or a bad spelling."""
+    @property
+    def calibration_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{name: shape} of the calibration tensors model.safetensors holds as `tradeoff.<name>` ({} when the
+        config holds the values itself, or there is no calibration)."""
+        record = self.tradeoff_calibration or {}
+        if "margins" in record or "levels" not in record:
+            return {}
+        lambdas = (record["lambdas"],)
+        return {"margins": (len(self.id2label), record["levels"]), "lambdas": lambdas, "cost_per_1k": lambdas}
+
+    def check_tradeoff(self, tradeoff: str | None) -> None:
+        """A ValueError (naming the valid forms) unless this router can decide under `tradeoff` (None: its
+        default): a probability head, the spelling, and a calibration for the budget forms. The config alone
+        tells, before any weights load."""
+        if self.head_kind != "probability":
+            self.tradeoff_rule(tradeoff)  # the argmax, or the error saying operating points are the trade-offs
+            return
+        form, _, _ = parse_tradeoff(self.default_tradeoff(tradeoff), self.agent_order, self.costs_per_1k)
+        if form in ("budget", "usd-per-1k") and not self.tradeoff_calibration:
+            raise ValueError(f"{form}= needs a calibrated router (config.tradeoff_calibration); recalibrate it first.")
+
+    def tradeoff_rule(self, tradeoff: str | None, calibration: dict[str, Any] | None = None) -> tuple[str, float, int]:
+        """The rule `decide` applies for `tradeoff` (None: the config's `tradeoff`, else DEFAULT_TRADEOFF), a
+        budget resolved through `calibration` (RouterModel.calibration_values, from model.safetensors; by
+        default the values a config holds itself); a ValueError for a CMA-ES head or a bad spelling."""
         tradeoff = tradeoff or self.tradeoff
         if self.head_kind != "probability":
             if tradeoff is None:
@@ -168,8 +194,10 @@ class RouterConfig(PretrainedConfig):
                 f"tradeoff={tradeoff!r} needs a probability head; this router's head is CMA-ES (head_kind "
                 "'cmaes'), whose trade-offs are its operating points: pass operating_point=... instead."
             )
+        if calibration is None and "margins" in (self.tradeoff_calibration or {}):
+            calibration = self.tradeoff_calibration
         form, value, agent = parse_tradeoff(self.default_tradeoff(tradeoff), self.agent_order, self.costs_per_1k)
-        return resolve_tradeoff(form, value, agent, self.tradeoff_calibration, self.agent_order[agent])
+        return resolve_tradeoff(form, value, agent, calibration, self.agent_order[agent])
 
     def default_tradeoff(self, tradeoff: str | None = None) -> str:
         """The rule a query is decided by: its own, else the config's `tradeoff`, else DEFAULT_TRADEOFF."""
@@ -180,7 +208,7 @@ class RouterConfig(PretrainedConfig):
         probability head, the default trade-off (each a ValueError naming the valid forms)."""
         self.check_operating_point(self.operating_point)
         if self.tradeoff is not None:
-            self.tradeoff_rule(self.tradeoff)
+            self.check_tradeoff(self.tradeoff)
 
     @property
     def has_ood_guard(self) -> bool:

@@ -112,6 +112,28 @@ def _rows_of(values: list, value: Any) -> list[int]:
     return [row for row, other in enumerate(values) if other == value]
 
 
+class TradeoffCalibration(nn.Module):
+    """What a probability head's budget rules need, as buffers so that model.safetensors carries them
+    (`tradeoff.margins` (agents, levels): each agent's margin over the best other agent at evenly spaced
+    quantile levels of the calibration sample; `tradeoff.lambdas` and `tradeoff.cost_per_1k`: the `lambda`
+    rule's cost per 1,000 queries on the sample over a grid of lambdas)."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        super().__init__()
+        for name, shape in shapes.items():  # placeholders of the right shapes; the values come from the checkpoint
+            self.register_buffer(name, torch.zeros(shape, dtype=torch.float32))
+
+    def values(self, agents: list[str], rows: int) -> dict[str, Any]:
+        """The calibration as `resolve_tradeoff` reads it."""
+        margins = self.margins.double().tolist()
+        return {
+            "rows": rows,
+            "margins": dict(zip(agents, margins, strict=True)),
+            "lambdas": self.lambdas.double().tolist(),
+            "cost_per_1k": self.cost_per_1k.double().tolist(),
+        }
+
+
 def build_head(embedding_dim: int, num_agents: int, hidden_dim: int) -> nn.Module:
     """Linear head when hidden_dim == 0, else Linear -> tanh -> Linear (the reference's two shapes)."""
     if hidden_dim == 0:
@@ -131,7 +153,7 @@ class RouterModel(PreTrainedModel):
     _supports_sdpa = _supports_flash_attn = _supports_flash_attn_2 = _supports_flex_attn = True
     _supports_attention_backend = True
     # The head scores in float32 whatever the backbone's dtype (the guard's buffers are cast where loaded).
-    _keep_in_fp32_modules = _keep_in_fp32_modules_strict = ["head"]
+    _keep_in_fp32_modules = _keep_in_fp32_modules_strict = ["head", "tradeoff"]
 
     def __init__(self, config: RouterConfig, backbone: PreTrainedModel | None = None) -> None:
         super().__init__(config)
@@ -152,6 +174,8 @@ class RouterModel(PreTrainedModel):
                 self.register_buffer("ood_weight", torch.zeros(dim, dtype=f32))
                 self.register_buffer("ood_distance_weight", torch.tensor(1.0, dtype=f32))
                 self.register_buffer("ood_bias", torch.tensor(0.0, dtype=f32))
+        if config.calibration_shapes:  # a probability head's budget calibration, stored beside the head
+            self.tradeoff = TradeoffCalibration(config.calibration_shapes)
         self.post_init()
         if backbone is not None:  # attached after post_init(), so initialisation never touches its weights
             self.backbone = backbone
@@ -179,6 +203,13 @@ class RouterModel(PreTrainedModel):
     def guards_queries(self) -> bool:
         """Whether forward() applies the guard: the checkpoint has one and `config.ood_guard` is on."""
         return self.config.has_ood_guard and self.config.ood_guard
+
+    def calibration_values(self) -> dict[str, Any] | None:
+        """The budget rules' calibration (TradeoffCalibration.values) when model.safetensors holds it, else
+        None (the config holds it, or there is none)."""
+        if not hasattr(self, "tradeoff"):
+            return None
+        return self.tradeoff.values(self.config.agent_order, self.config.tradeoff_calibration["rows"])
 
     @property
     def guard_tensor_names(self) -> tuple[str, ...]:
@@ -234,7 +265,8 @@ class RouterModel(PreTrainedModel):
             if len(given) != count:
                 raise ValueError(f"{len(given)} {what} for a batch of {count}; give one per query.")
         heads = {name: self.head_for(name) for name in dict.fromkeys(names)}  # a wrong name fails before any work
-        rules = {text: self.config.tradeoff_rule(text) for text in dict.fromkeys(tradeoffs)}
+        calibration = self.calibration_values() if self.config.head_kind == "probability" else None
+        rules = {text: self.config.tradeoff_rule(text, calibration) for text in dict.fromkeys(tradeoffs)}
         if starts is None:
             embeddings, hidden_states = self._embed(input_ids, attention_mask, token_type_ids, output_hidden_states)
         else:
@@ -343,6 +375,8 @@ class RouterModel(PreTrainedModel):
             model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
             router = model[0] if isinstance(model, tuple) else model  # a tuple with output_loading_info=True
             router.head.float()
+            if hasattr(router, "tradeoff"):
+                router.tradeoff.float()
             for name in router.guard_tensor_names:
                 setattr(router, name, getattr(router, name).float())
             return model
@@ -357,13 +391,21 @@ class RouterModel(PreTrainedModel):
         return model
 
     def _load_head(self, head_file: str) -> None:
-        """The head's weights, and the guard's statistics if the config has one, from a head-only checkpoint."""
+        """The head's weights, and the budget calibration and the guard's statistics if the config has them, from
+        a head-only checkpoint."""
         stored = load_file(head_file)
         try:
             self.head.load_state_dict({k[5:]: v for k, v in stored.items() if k.startswith("head.")}, strict=True)
         except RuntimeError as err:
             raise ValueError(f"{head_file} does not hold this config's head ({err}).") from None
         self.head.to(device=self.backbone.device, dtype=torch.float32)
+        if hasattr(self, "tradeoff"):
+            calibration = {k[9:]: v for k, v in stored.items() if k.startswith("tradeoff.")}
+            try:
+                self.tradeoff.load_state_dict(calibration, strict=True)
+            except RuntimeError as err:
+                raise ValueError(f"{head_file} does not hold this config's trade-off calibration ({err}).") from None
+            self.tradeoff.to(device=self.backbone.device, dtype=torch.float32)
         for name in self.guard_tensor_names:
             expected = tuple(getattr(self, name).shape)
             found = tuple(stored[name].shape) if name in stored else "nothing"
@@ -395,7 +437,7 @@ class RouterPipeline(TextClassificationPipeline):
         if operating_point is not None:
             forward["operating_point"] = self.model.config.check_operating_point(operating_point)
         if tradeoff is not None:
-            self.model.config.tradeoff_rule(tradeoff)  # a bad spelling fails before any query runs
+            self.model.config.check_tradeoff(tradeoff)  # a bad spelling fails before any query runs
             forward["tradeoff"] = tradeoff
         return preprocess, forward, postprocess
 

@@ -23,7 +23,7 @@ try:  # a clone or an editable install
         parse_tradeoff,
         resolve_tradeoff,
     )
-    from modeling_router import RouterModel, decide
+    from modeling_router import RouterModel, TradeoffCalibration, decide
 except ImportError:  # a wheel install
     from benchgen_router.default_router.configuration_router import (
         AUTO_MAP,
@@ -35,7 +35,7 @@ except ImportError:  # a wheel install
         parse_tradeoff,
         resolve_tradeoff,
     )
-    from benchgen_router.default_router.modeling_router import RouterModel, decide
+    from benchgen_router.default_router.modeling_router import RouterModel, TradeoffCalibration, decide
 
 __all__ = [
     "AUTO_MAP",
@@ -44,6 +44,7 @@ __all__ = [
     "TRADEOFF_FORMS",
     "RouterConfig",
     "RouterModel",
+    "TradeoffCalibration",
     "canonical_query",
     "decide",
     "default_router_dir",

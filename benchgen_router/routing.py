@@ -218,7 +218,7 @@ class Router:
         if tradeoff is None:
             return None
         try:
-            self.config.tradeoff_rule(tradeoff)
+            self.config.check_tradeoff(tradeoff)
         except ValueError as err:
             raise InputError(str(err)) from None
         return tradeoff
@@ -486,10 +486,10 @@ def tradeoff_of(model: Any, tradeoff: str | None) -> str | None:
 def recalibrate(
     model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int | None = None, progress: bool = False
 ) -> dict[str, Any]:
-    """Recalibrate a probability head's budget rules on a sample of your own traffic: sets and returns
-    `model.config.tradeoff_calibration` (save it with model.save_pretrained). Budgets then hold on
-    traffic like `texts` rather than on the training sample."""
-    from benchgen_router.tradeoffs import tradeoff_calibration
+    """Recalibrate a probability head's budget rules on a sample of your own traffic: sets the model's
+    calibration (tradeoffs.set_calibration; save it with model.save_pretrained) and returns its values.
+    Budgets then hold on traffic like `texts` rather than on the training sample."""
+    from benchgen_router.tradeoffs import set_calibration, tradeoff_calibration
 
     if getattr(model.config, "head_kind", "cmaes") != "probability":
         raise InputError("only a probability head (head_kind 'probability') has budget rules to recalibrate.")
@@ -498,9 +498,9 @@ def recalibrate(
         raise InputError(f"recalibrating needs a sample of at least 2 non-empty queries, got {len(usable)}.")
     routed = route_queries(model, tokenizer, usable, batch_size, progress=progress, desc="calibrating")
     probabilities = 1.0 / (1.0 + np.exp(-routed.logits.astype(np.float64)))
-    costs = np.asarray(model.config.costs_per_1k)
-    model.config.tradeoff_calibration = tradeoff_calibration(probabilities, costs, model.config.agent_order)
-    return model.config.tradeoff_calibration
+    calibration = tradeoff_calibration(probabilities, np.asarray(model.config.costs_per_1k), model.config.agent_order)
+    set_calibration(model, calibration)
+    return calibration
 
 
 def results_for(model: Any, routed: Routed) -> list[dict[str, Any]]:

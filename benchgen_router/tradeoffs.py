@@ -96,3 +96,32 @@ def decide(
     rule = resolve_tradeoff(form, value, agent, calibration, names[agent])
     picks = decide_rule(p, torch.from_numpy(costs), rule)
     return picks.numpy() if as_numpy else picks
+
+
+def calibration_state(calibration: dict[str, Any], agents: list[str]) -> tuple[dict[str, int], dict[str, Any]]:
+    """A calibration (tradeoff_calibration's) as a router folder stores it: the config's record of its sizes,
+    and the tensors model.safetensors holds (`tradeoff.margins` in `agents` order, `tradeoff.lambdas`,
+    `tradeoff.cost_per_1k`), so that config.json stays a page long for any pool."""
+    import torch
+
+    margins = np.array([calibration["margins"][agent] for agent in agents], dtype=np.float32)
+    lambdas = np.asarray(calibration["lambdas"], dtype=np.float32)
+    record = {"rows": int(calibration["rows"]), "levels": int(margins.shape[1]), "lambdas": len(lambdas)}
+    tensors = {
+        "tradeoff.margins": torch.from_numpy(margins),
+        "tradeoff.lambdas": torch.from_numpy(lambdas),
+        "tradeoff.cost_per_1k": torch.from_numpy(np.asarray(calibration["cost_per_1k"], dtype=np.float32)),
+    }
+    return record, tensors
+
+
+def set_calibration(model: Any, calibration: dict[str, Any]) -> None:
+    """Give a loaded probability-head router a new calibration (recalibration), in the form its folder
+    stores: `model.config.tradeoff_calibration` the sizes, `model.tradeoff` the values."""
+    from benchgen_router.model_code import TradeoffCalibration
+
+    record, tensors = calibration_state(calibration, model.config.agent_order)
+    model.config.tradeoff_calibration = record
+    module = TradeoffCalibration(model.config.calibration_shapes)
+    module.load_state_dict({name.removeprefix("tradeoff."): value for name, value in tensors.items()})
+    model.tradeoff = module.to(next(model.head.parameters()).device)

@@ -49,6 +49,20 @@ def saved_head(router) -> tuple[np.ndarray, np.ndarray, dict]:
     )
 
 
+def saved_calibration(router) -> dict:
+    """The budget rules' calibration as the folder stores it: sizes in config.json, values in model.safetensors."""
+    state = load_file(str(router / "model.safetensors"))
+    record = json.loads((router / "config.json").read_text())["tradeoff_calibration"]
+    margins = state["tradeoff.margins"].astype(np.float64)
+    assert margins.shape == (len(AGENTS), record["levels"]) and len(state["tradeoff.lambdas"]) == record["lambdas"]
+    return {
+        "rows": record["rows"],
+        "margins": dict(zip(AGENTS, margins.tolist(), strict=True)),
+        "lambdas": state["tradeoff.lambdas"].astype(np.float64).tolist(),
+        "cost_per_1k": state["tradeoff.cost_per_1k"].astype(np.float64).tolist(),
+    }
+
+
 def test_training_writes_the_release_formats_and_reports_calibration(trained):
     run, router, _, stdout = trained
     manifest = json.loads((run / "manifest.json").read_text())
@@ -63,7 +77,13 @@ def test_training_writes_the_release_formats_and_reports_calibration(trained):
     np.testing.assert_allclose(theta[: weight.size].reshape(weight.shape[1], -1).T, weight, rtol=1e-6)
     np.testing.assert_allclose(theta[weight.size :], bias, rtol=1e-6)
     assert config["head_kind"] == "probability" and config["agent_costs_per_1k"] == pytest.approx(costs)
-    assert set(config["tradeoff_calibration"]["margins"]) == set(AGENTS)
+    stored = saved_calibration(router)  # the trainer's calibration, in the weights file, config.json its sizes
+    for agent in AGENTS:
+        np.testing.assert_allclose(
+            stored["margins"][agent], manifest["tradeoff_calibration"]["margins"][agent], atol=1e-6
+        )
+    np.testing.assert_allclose(stored["cost_per_1k"], manifest["tradeoff_calibration"]["cost_per_1k"], rtol=1e-6)
+    assert set(config["tradeoff_calibration"]) == {"rows", "levels", "lambdas"}
     report = json.loads((router / "training_report.json").read_text())
     assert "held_out_calibration" in report["probability_head"]
 
@@ -77,7 +97,10 @@ def test_convert_of_the_run_folder_gives_the_exported_router(trained, backbone_d
     )
     for key in ("head_kind", "agent_costs_per_1k", "tradeoff_calibration"):
         assert converted[key] == exported[key]
-    assert load_file(str(tmp_path / "converted" / "model.safetensors")).keys() == {"head.weight", "head.bias"}
+    tensors = {"head.weight", "head.bias", "tradeoff.margins", "tradeoff.lambdas", "tradeoff.cost_per_1k"}
+    assert load_file(str(tmp_path / "converted" / "model.safetensors")).keys() == tensors
+    for name, value in saved_calibration(tmp_path / "converted").items():
+        assert value == saved_calibration(router)[name]
 
 
 def test_every_rule_in_the_hub_view_matches_a_literal_computation(trained):
@@ -92,7 +115,7 @@ def test_every_rule_in_the_hub_view_matches_a_literal_computation(trained):
     embeddings = plain.embeddings.double().numpy()
     p = 1 / (1 + np.exp(-(embeddings @ weight.T + bias)))
     np.testing.assert_array_equal(plain.picks.numpy(), p.argmax(axis=1))  # default: the most likely agent
-    calibration = config["tradeoff_calibration"]
+    calibration = saved_calibration(router)
     expected = {
         "tolerance=0.05": literal_tolerance(p, costs, 0.05),
         "lambda=0.2": literal_lambda(p, costs, 0.2),
@@ -177,7 +200,7 @@ def test_recalibrating_on_new_traffic_holds_the_budget_there(trained, tmp_path):
     saved = tmp_path / "recalibrated"
     args = ["--model", router, "--calibrate-on", sample, "--save-calibrated", saved, "--quiet"]
     assert cli("route", *args, "--tradeoff", "budget=0.2@open_cheap_reasoning", traffic[0]) == 0
-    stored = json.loads((saved / "config.json").read_text())["tradeoff_calibration"]
+    stored = saved_calibration(saved)
     assert stored["rows"] == 60
     for agent in AGENTS:  # the same traffic, a fresh load: the same calibration
         np.testing.assert_allclose(stored["margins"][agent], calibration["margins"][agent], atol=1e-5)
@@ -237,3 +260,27 @@ def test_a_default_tradeoff_from_pretrained_decides_and_a_bad_one_fails_before_t
         AutoModel.from_pretrained(unreachable, trust_remote_code=True, tradeoff="lambda=cheap")
     with pytest.raises(ValueError, match="no operating points; drop operating_point='fast'"):
         AutoModel.from_pretrained(unreachable, trust_remote_code=True, operating_point="fast")
+
+
+def test_a_folder_written_with_the_calibration_in_its_config_still_decides_alike(trained, tmp_path):
+    """Routers written before the calibration moved to model.safetensors hold its values in config.json:
+    such a folder loads and decides every budget rule as the folder of today does."""
+    from safetensors.torch import load_file as load_tensors
+    from safetensors.torch import save_file
+
+    _, router, prompts, _ = trained
+    older = tmp_path / "older"
+    older.mkdir()
+    for file in router.iterdir():
+        (older / file.name).write_bytes(file.read_bytes())
+    config = json.loads((router / "config.json").read_text())
+    config["tradeoff_calibration"] = saved_calibration(router)
+    (older / "config.json").write_text(json.dumps(config))
+    state = load_tensors(str(router / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if k.startswith("head.")}, str(older / "model.safetensors"))
+    tokenizer = AutoTokenizer.from_pretrained(router)
+    batch = tokenizer(prompts[:40], return_tensors="pt", padding=True)
+    today, before = (AutoModel.from_pretrained(folder, trust_remote_code=True) for folder in (router, older))
+    for rule in ("budget=0.25", "budget=0.1@open_cheap_reasoning", "usd-per-1k=1.0", "tolerance=0.05"):
+        with torch.inference_mode():
+            assert today(**batch, tradeoff=rule).picks.tolist() == before(**batch, tradeoff=rule).picks.tolist(), rule

@@ -19,6 +19,7 @@ from benchgen_router.release.report import GuardReport, PointFigures, TrainingRe
 CARD_TEMPLATE = Path(__file__).resolve().parent / "model_card.md"
 CARD_END = "<!-- end of router card -->"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+INLINE_POOL = 8  # a pool this size or smaller is listed in a sentence; a larger one in a table
 QUERY_LINE = (
     "Before embedding, a query loses the benchmark wrapper the head was trained with (config.json's "
     "`query_format`; `config.canonical_query` applies it, the pipeline does so itself), so a plain question "
@@ -34,9 +35,20 @@ def _percent(value: float, of: float) -> str:
     return f"{100 * value / of:.0f}%" if of else "n/a"
 
 
+def _picks(share: dict[str, float], agents: list[str]) -> str:
+    """A policy's picks in %: one number per agent in pool order for a small pool; for a larger one, the
+    agents it sends 1% or more of the queries to, most first, and the rest together."""
+    if len(agents) <= INLINE_POOL:
+        return "/".join(f"{100 * share.get(agent, 0.0):.0f}" for agent in agents)
+    named = sorted((agent for agent in agents if share.get(agent, 0.0) >= 0.01), key=lambda a: -share[a])
+    rest = 1.0 - sum(share[agent] for agent in named)
+    parts = [f"{agent} {100 * share[agent]:.0f}" for agent in named]
+    return ", ".join(parts + ([f"others {100 * rest:.0f}"] if rest >= 0.005 else []))
+
+
 def _figures_row(label: str, point: Any, plain: PointFigures | None, reference: Any, agents: list[str]) -> str:
     """One table row of cross-validated figures; `point` is a PointFigures or a frontier CVPoint."""
-    picks = "/".join(f"{100 * point.share.get(agent, 0.0):.0f}" for agent in agents)
+    picks = _picks(point.share, agents)
     return (
         f"| {label} | {point.reward:.4f} ± {point.reward_std_repeats:.4f} | "
         f"{point.delta_reward:+.4f} ± {point.delta_se:.4f} | {_number(plain.reward if plain else None)} | "
@@ -71,6 +83,12 @@ def _points_rows(config: Any, report: TrainingReport, frontier: FrontierResult) 
     return rows + [_figures_row(p.name, p, None, reference, config.agent_order) for p in frontier.of_kind("fixed")]
 
 
+def _picks_legend(agents: list[str]) -> str:
+    if len(agents) <= INLINE_POOL:
+        return "/".join(agents)
+    return "the agents sent 1% of the queries or more, and the others together"
+
+
 def figures_section(config: Any, report: TrainingReport) -> str:
     """What the run measured: the held-out split in one line, then the cross-validated table."""
     heading = ["", "## Figures", ""]
@@ -98,7 +116,7 @@ def figures_section(config: Any, report: TrainingReport) -> str:
         "head retrained on each training fold. Reward ± its std over repeats; Δ ± se: the paired difference to "
         f'`{frontier.reference}` (the best fixed agent) and its standard error, against which "equal quality" is '
         "judged; *plain*: the same heads on the tasks as users type them; USD per 1,000 queries and seconds per "
-        f"query (share of the reference's); picks in % ({'/'.join(config.agent_order)}).",
+        f"query (share of the reference's); picks in % ({_picks_legend(config.agent_order)}).",
         "",
         "| policy | reward ± rep | Δ ± se | plain | USD / 1k | latency s | picks % |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
@@ -199,15 +217,20 @@ def render_card(
         head_kind += ", one per operating point"
     at_revision = f" at revision `{revision}`" if revision else ""
     points = len(config.operating_points)
+    calibrated = " and the budget rules' calibration" if config.calibration_shapes else ""
     if config.bundled_backbone:
-        weights_line = "`model.safetensors` holds the backbone and the head: the folder loads with no other repository."
+        weights_line = (
+            f"`model.safetensors` holds the backbone and the head{calibrated}: the folder loads with no other "
+            "repository."
+        )
     else:
         held = f"the {points} heads, one per operating point ({points} x {n_params:,} values)" if points else None
         weights_line = (
-            f"`model.safetensors` holds only {held or f'the head ({n_params:,} values)'}; the backbone's weights "
-            f"load from `{backbone}`{at_revision} through the normal Hub cache."
+            f"`model.safetensors` holds only {held or f'the head ({n_params:,} values)'}{calibrated}; the backbone's "
+            f"weights load from `{backbone}`{at_revision} through the normal Hub cache."
         )
     values = {
+        **_head_description(config, report),
         # JSON strings are valid YAML scalars, so any id is quoted safely; a path is not a Hub model.
         "base_model_line": f"base_model: {json.dumps(backbone)}" if _HUB_ID.match(backbone) else "",
         "title": " ".join((report.model_id or "BenchGen Router Lite").split()),  # one line, whatever it holds
@@ -217,7 +240,7 @@ def render_card(
         "head_kind": head_kind,
         "n_params": f"{n_params:,}",
         "weights_line": weights_line,
-        "pool": ", ".join(f"{i} `{agent}`" for i, agent in enumerate(agents)),
+        "pool": _pool(config),
         "repo": repo,
         "truncation_length": config.truncation_length,
         "query_line": QUERY_LINE if config.query_format else "",
@@ -227,6 +250,50 @@ def render_card(
     }
     card = string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(values)
     return re.sub(r"\n\n+(?=license:)", "\n", card)  # no blank line where base_model was left out
+
+
+def _head_description(config: Any, report: TrainingReport) -> dict[str, str]:
+    """What the head does and how it was trained, in the card's words for its kind; and its domain."""
+    dataset = f"`{report.rewards_dataset}`" if report.rewards_dataset else "its labelled tasks"
+    domain = f"queries like the labelled tasks of {dataset} it was trained on"
+    if config.head_kind == "probability":
+        return {
+            "method_tag": "probability-head",
+            "head_role": (
+                f"predicts, for each of the {len(config.id2label)} agents of a pool, the probability that it answers "
+                "the query correctly; a trade-off rule chosen per request picks the agent (with none, the most "
+                "likely one)"
+            ),
+            "training_line": (
+                "one logistic regression per agent (a linear layer and a sigmoid), its L2 strength chosen by "
+                "cross-validation, trained on each agent's measured correctness"
+            ),
+            "tradeoff_usage": (
+                'router("What is 2 + 2?", tradeoff="tolerance=0.02")  # the cheapest agent within 0.02 of the most '
+                "likely\n"
+                'model(**batch, tradeoff="usd-per-1k=0.5")  # or lambda=L, budget=X, budget=X@AGENT\n'
+            ),
+            "domain": domain,
+        }
+    return {
+        "method_tag": "cma-es",
+        "head_role": f"scores the {len(config.id2label)} agents of a pool; the highest-scoring agent should answer",
+        "training_line": "trained gradient-free with separable CMA-ES against a measured reward matrix",
+        "tradeoff_usage": "",
+        "domain": domain,
+    }
+
+
+def _pool(config: Any) -> str:
+    """The pool: a sentence for a small one, a table (with each agent's expected cost, when known) for a large one."""
+    agents = config.agent_order
+    if len(agents) <= INLINE_POOL:
+        return ": " + ", ".join(f"{i} `{agent}`" for i, agent in enumerate(agents)) + "."
+    costs = config.agent_costs_per_1k
+    header = "| # | agent |" + (" USD per 1,000 queries |" if costs else "")
+    rule = "| ---: | --- |" + (" ---: |" if costs else "")
+    rows = [f"| {i} | `{agent}` |" + (f" {costs[i]:.4g} |" if costs else "") for i, agent in enumerate(agents)]
+    return ":\n\n" + "\n".join([header, rule, *rows]) + "\n"
 
 
 def merge_card(card: str, existing: str | None) -> str:

@@ -112,8 +112,15 @@ def _head_only_router(config: Any, state: dict[str, Any]) -> Any:
 
     with torch.device("meta"):
         backbone = AutoModel.from_config(config.text_config)
-    model = RouterModel(config, backbone=backbone)
-    model.head.load_state_dict({key.removeprefix("head."): value for key, value in state.items()})
+    return _with_state(RouterModel(config, backbone=backbone), state)
+
+
+def _with_state(model: Any, state: dict[str, Any]) -> Any:
+    """The model with a release's state: the head's weights, and a probability head's calibration."""
+    for name in ("head", "tradeoff"):
+        part = {key.removeprefix(f"{name}."): value for key, value in state.items() if key.startswith(f"{name}.")}
+        if part:
+            getattr(model, name).load_state_dict(part)
     return model
 
 
@@ -169,9 +176,7 @@ def _bundled_router(config: Any, state: dict[str, Any], source: str, revision: s
         raise InputError(
             f"cannot load the weights of backbone '{source}' to bundle them ({first_line(err)})."
         ) from None
-    model = RouterModel(config, backbone=weights)
-    model.head.load_state_dict({key.removeprefix("head."): value for key, value in state.items()})
-    return model
+    return _with_state(RouterModel(config, backbone=weights), state)
 
 
 def release_guard(manifest: dict[str, Any], stats_file: Path, fallback: str | None = None) -> tuple[Any, GuardReport]:
@@ -227,13 +232,26 @@ class Release:
     tradeoff_calibration: dict[str, Any] | None = None
 
     def probability_settings(self) -> dict[str, Any]:
-        """The config keys of a probability head ({} for a CMA-ES one)."""
+        """The config keys of a probability head ({} for a CMA-ES one): the calibration as the sizes of the
+        tensors model.safetensors holds (state_dict)."""
         if self.head_kind != "probability":
             return {}
-        return {key: getattr(self, key) for key in PROBABILITY_KEYS}
+        from benchgen_router.tradeoffs import calibration_state
+
+        record, _ = calibration_state(self.tradeoff_calibration, self.agents)
+        return {
+            "head_kind": self.head_kind,
+            "agent_costs_per_1k": self.agent_costs_per_1k,
+            "tradeoff_calibration": record,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         dim, count, hidden = self.embedding_dim, len(self.agents), self.head_hidden_dim
+        if self.head_kind == "probability":
+            from benchgen_router.tradeoffs import calibration_state
+
+            _, tensors = calibration_state(self.tradeoff_calibration, self.agents)
+            return {**theta_to_state_dict(self.head, dim, count, hidden), **tensors}
         if not self.point_heads:
             return theta_to_state_dict(self.head, dim, count, hidden)
         state: dict[str, Any] = {}

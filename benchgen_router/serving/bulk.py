@@ -206,7 +206,7 @@ def check_router_tradeoff(model: str | None, revision: str | None, tradeoff: str
     except InputError:
         return
     try:
-        RouterConfig.from_dict(copy.deepcopy(declared)).tradeoff_rule(tradeoff)  # from_dict may consume it
+        RouterConfig.from_dict(copy.deepcopy(declared)).check_tradeoff(tradeoff)  # from_dict may consume it
     except ValueError as err:
         raise InputError(first_line(err)) from None
 
