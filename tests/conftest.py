@@ -1,7 +1,8 @@
 """Fixtures: tiny random Qwen3 backbones, a tokenizer and converted routers, built once per run.
 
-The suite runs offline (HF_HUB_OFFLINE=1) with a private HF_HOME, set in pytest_configure before any
-test module imports transformers or huggingface_hub (they read both once, at import).
+The suite runs offline (HF_HUB_OFFLINE=1, LiteLLM's local price map) with a private HF_HOME, set in
+pytest_configure before any test module imports transformers, huggingface_hub or litellm (they read them
+once, at import).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["HF_HOME"] = config.stash[HF_HOME]
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # LiteLLM's price map from its wheel, not from GitHub
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -6,10 +6,7 @@ LiteLLM's own choice, says why in one log line, and never fails the call."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from litellm import Router
@@ -24,72 +21,12 @@ from benchgen_router.integrations.litellm import (
     decision_headers,
     routing_text,
 )
-from helpers import AGENTS, convert_release, make_queries, train_probability_router, write_operating_release
-from upstream_server import MisbehavingUpstream, Scripted, down_upstream
+from helpers import AGENTS, make_queries, train_probability_router
+from litellm_pool import POOL, TIER_GROUPS, TIERS, complexity_group, deployment
+from upstream_server import MisbehavingUpstream, down_upstream
 
-POOL = ["alpha", "beta", "gamma"]
 PLUGIN_LOGGER = "benchgen_router.integrations.litellm"
-
-
-def answer(body: dict) -> Scripted:
-    """An OpenAI chat completion (or its stream) saying which model the request named."""
-    text = f"I am {body.get('model')}"
-    if not body.get("stream"):
-        message = {"role": "assistant", "content": text}
-        return Scripted(
-            body={
-                "id": "scripted",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body.get("model"),
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
-            }
-        )
-    chunk = {"id": "scripted", "object": "chat.completion.chunk", "created": 0, "model": body.get("model")}
-    events = [
-        {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}]},
-        {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-    ]
-    pieces = [f"data: {json.dumps(event)}\n\n".encode() for event in events] + [b"data: [DONE]\n\n"]
-    return Scripted(pieces=pieces, every_s=0.0, headers={"content-type": "text/event-stream"})
-
-
-@pytest.fixture(scope="module")
-def upstreams() -> Iterator[list[MisbehavingUpstream]]:
-    servers = [MisbehavingUpstream(answer) for _ in POOL]
-    for server in servers:
-        server.__enter__()
-    yield servers
-    for server in servers:
-        server.__exit__()
-
-
-@pytest.fixture(scope="module")
-def pool_router(tmp_path_factory, backbone_dir) -> Path:
-    """A converted router over the pool alpha, beta, gamma with three operating points ('balanced' the default)."""
-    folder = tmp_path_factory.mktemp("litellm-router")
-    points = {"quality": (0.0, 0.0), "balanced": (0.2, 0.0), "fast": (0.0, 0.01)}
-    manifest, weights, _ = write_operating_release(
-        folder / "release", 32, points, "balanced", seed=3, backbone=str(backbone_dir), agents=POOL
-    )
-    return convert_release(manifest, weights, folder / "router", backbone_dir)
-
-
-@pytest.fixture(scope="module")
-def picks(pool_router) -> dict[str, str]:
-    """A query the router sends to each agent of the pool, at its default point (every agent is picked)."""
-    found: dict[str, str] = {}
-    queries = make_queries(80, seed=21)
-    for query, result in zip(queries, pick_agent(queries, model=pool_router), strict=True):
-        found.setdefault(result["picked_agent"], query)
-    assert sorted(found) == POOL, f"the test router never picks {set(POOL) - set(found)}"
-    return found
-
-
-def deployment(group: str, model: str, base_url: str, identifier: str | None = None) -> dict:
-    entry = {"model_name": group, "litellm_params": {"model": model, "api_base": base_url, "api_key": "sk-test"}}
-    return {**entry, "model_info": {"id": identifier}} if identifier else entry
+pytest_plugins = ["litellm_pool"]
 
 
 def chat_group(upstreams: list[MisbehavingUpstream], agents: list[str] = POOL) -> list[dict]:
@@ -250,23 +187,12 @@ def test_a_call_to_one_deployment_by_id_is_left_alone(upstreams, pool_router, pi
     assert SIGNALS_KEY not in metadata.get("routing_plugin_signals", {})
 
 
-def complexity_group(name: str, **config) -> dict:
-    return {
-        "model_name": name,
-        "litellm_params": {"model": "auto_router/complexity_router", "complexity_router_config": config},
-    }
-
-
 def tier_groups(upstreams: list[MisbehavingUpstream]) -> list[dict]:
     """A model group per agent, "<agent>-group", for the complexity router's tiers."""
     return [
         deployment(f"{agent}-group", f"openai/{agent}", server.base_url)
         for agent, server in zip(POOL, upstreams, strict=True)
     ]
-
-
-TIERS = {"alpha": "SIMPLE", "beta": "MEDIUM", "gamma": "COMPLEX"}
-TIER_GROUPS = {"SIMPLE": "alpha-group", "MEDIUM": "beta-group", "COMPLEX": "gamma-group", "REASONING": "gamma-group"}
 
 
 def test_the_classifier_names_the_tier_of_the_agent_the_router_picks(upstreams, pool_router, picks):
