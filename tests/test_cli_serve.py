@@ -17,7 +17,7 @@ pytest.importorskip("ray.serve")
 def test_a_journal_folder_that_cannot_be_written_is_refused_before_ray_starts(tmp_path):
     """Everything else right (the default router, a pool of its agents with upstreams): the folder alone is
     refused, where the service once started and dropped every line."""
-    from benchgen_router.serving.service import router_agents
+    from benchgen_router.serving.service_settings import router_agents
 
     pool = tmp_path / "agents.json"
     agents = [

@@ -1,15 +1,14 @@
 """The service's parts without a running Ray: request checks and body reading (serving.request_checks) over
 Starlette's real Request and the ASGI protocol, errors as HTTP answers, /healthz while the router
 loads, the batch merger and its bound, operating-point and trade-off checks (serving.replica), requests
-under different trade-offs scored by a real probability head in one run, the start-up checks
-(serving.service), and how a private Ray's processes are started (serving.local_ray). The service
+under different trade-offs scored by a real probability head in one run, the application `serve run`
+deploys (serving.service), and how a private Ray's processes are started (serving.local_ray). The service
 itself, on a real Ray Serve, is tested in test_serving.py, test_serving_load.py and test_serving_stop.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +32,6 @@ from benchgen_router.serving.replica import (
     route_items,
 )
 from benchgen_router.serving.request_checks import DEFAULT_MAX_REQUEST_BYTES, RequestError, parse_route_body, read_body
-from benchgen_router.serving.service import check_cpus, check_port_free, check_reachable
 from configuration_router import RouterConfig
 
 POINTS = {"quality": {"cost_weight": 0.0, "latency_weight": 0.0}, "fast": {"cost_weight": 1.0, "latency_weight": 0.01}}
@@ -380,23 +378,6 @@ def test_operating_points_and_pool_files_are_checked_against_the_router():
     ordered, problem = pool_for_router(AGENTS, pool)
     assert problem is None and [agent["id"] for agent in ordered] == AGENTS
     assert "pass the pool file made for this router" in pool_for_router(AGENTS, pool[1:])[1]
-
-
-def test_start_up_checks_are_one_line_in_bounded_time():
-    with pytest.raises(InputError, match="need 10000 CPUs"):
-        check_cpus("replicas", 10_000)
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        with pytest.raises(InputError, match="pass a free port"):
-            check_port_free("127.0.0.1", busy.getsockname()[1], "the service")
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-    started = time.monotonic()
-    with pytest.raises(InputError, match="no Ray cluster answers"):
-        check_reachable(f"127.0.0.1:{port}")
-    assert time.monotonic() - started < 15
 
 
 def test_the_application_for_serve_run_is_the_one_serve_deploys():

@@ -62,7 +62,7 @@ from benchgen_router.serving.gateway import (  # noqa: E402
     routed_plan,
     routing_text,
 )
-from benchgen_router.serving.service import read_gateway  # noqa: E402
+from benchgen_router.serving.service_settings import read_gateway  # noqa: E402
 from benchgen_router.serving.upstream_call import encode_body  # noqa: E402
 from benchgen_router.upstreams import Upstream, UpstreamPool  # noqa: E402
 

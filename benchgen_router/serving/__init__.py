@@ -8,6 +8,7 @@
     gateway    the OpenAI-compatible gateway: forwarding a request to the picked agent
     replica    what a replica holds: the router, loaded in the background, and the batch merger
     service    starting and stopping it: serve()
+    service_settings  its settings, checked before Ray starts
     engine     which of Ray Serve's data planes a private Ray runs (throughput or standard mode)
     local_ray  a private Ray's processes and folder, and stopping them all
     logs       Ray Serve's repeated warnings, rate-limited

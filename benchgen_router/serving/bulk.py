@@ -36,7 +36,8 @@ from benchgen_router.files import (
 )
 from benchgen_router.routing import EMPTY_QUERY, Router, query_record
 from benchgen_router.serving.replica import set_torch_threads
-from benchgen_router.serving.service import check_cpus, check_positive, check_router_point, start_ray
+from benchgen_router.serving.service import start_ray
+from benchgen_router.serving.service_settings import check_cpus, check_positive, check_router_point
 
 logger = logging.getLogger("benchgen_router.serving")
 

@@ -1,6 +1,7 @@
 """Starting and stopping the service: serve() deploys its one deployment (serving.app), whose
 replicas read the requests and hold the router, on Ray Serve, on a private local Ray
-(serving.local_ray) or a cluster's (docs/service.md: lifecycle, metrics, clusters).
+(serving.local_ray) or a cluster's (docs/service.md: lifecycle, metrics, clusters). Its settings are
+checked before Ray starts by serving.service_settings.
 """
 
 from __future__ import annotations
@@ -11,21 +12,19 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import ray
 from ray import serve as ray_serve
 
-from benchgen_router.costs import read_pool_file, read_pool_rows
-from benchgen_router.errors import InputError, Terminated, first_line, setting_error
+from benchgen_router.costs import read_pool_file
+from benchgen_router.errors import InputError, Terminated, first_line
 from benchgen_router.serving import engine
 from benchgen_router.serving.app import (
     BODY_TIMEOUT_S,
@@ -34,14 +33,21 @@ from benchgen_router.serving.app import (
     MAX_ONGOING_REQUESTS,
     RouterService,
 )
-from benchgen_router.serving.engine import choose_mode, free_port, started_in
+from benchgen_router.serving.engine import choose_mode, started_in
 from benchgen_router.serving.gateway import DEFAULT_MAX_REQUEST_BYTES as GATEWAY_MAX_REQUEST_BYTES
 from benchgen_router.serving.gateway import DEFAULT_MAX_RESPONSE_BYTES as GATEWAY_MAX_RESPONSE_BYTES
 from benchgen_router.serving.gateway import DEFAULT_TIMEOUT_S as GATEWAY_TIMEOUT_S
-from benchgen_router.serving.gateway import GatewaySettings, check_gateway_settings, names_upstreams
+from benchgen_router.serving.gateway import GatewaySettings
 from benchgen_router.serving.local_ray import LocalRay, new_local_ray, own_process_groups, stop_local_ray
 from benchgen_router.serving.replica import DEFAULT_MAX_BATCH_SIZE, DEFAULT_REPLICA_CPUS
-from benchgen_router.upstreams import read_upstream_pool
+from benchgen_router.serving.service_settings import (
+    check_local_machine,
+    check_positive,
+    check_reachable,
+    check_router_point,
+    check_service_settings,
+    read_gateway,
+)
 
 logger = logging.getLogger("benchgen_router.serving")
 
@@ -49,7 +55,6 @@ APP_NAME = "benchgen-router"
 # How long a stopping service waits for the requests in flight to be answered (Kubernetes gives
 # a pod 30 s between SIGTERM and SIGKILL by default).
 DRAIN_TIMEOUT_S = 20.0
-RAY_CONNECT_TIMEOUT_S = 10.0
 # How long serve() waits for the replicas to load the router (a Hub download included).
 LOAD_TIMEOUT_S = 900.0
 
@@ -93,41 +98,6 @@ def shutdown_service(local_ray: LocalRay | None, connected: bool) -> None:
             ray.shutdown()
     if local_ray is not None:
         stop_local_ray(local_ray)
-
-
-def check_port_free(host: str, port: int, what: str) -> None:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            raise InputError(f"cannot listen on {host}:{port} for {what} ({err.strerror}); pass a free port.") from None
-
-
-def check_cpus(what: str, wanted: int, declared: int | None = None) -> None:
-    """Each replica or actor loads its own router: more of them than CPUs multiplies memory, not throughput."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    available = declared or cores
-    if wanted > available:
-        raise InputError(
-            f"{what} need {wanted} CPUs but this machine has {available}; pass fewer {what}, or --address of a "
-            "Ray cluster that has the CPUs."
-        )
-
-
-def check_reachable(address: str) -> None:
-    """ray.init retries a HOST:PORT nothing listens on for minutes: one line in bounded time instead.
-    Other forms ("auto") are left to Ray."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
-    except OSError as err:
-        raise InputError(
-            f"no Ray cluster answers at {address} ({err.strerror or type(err).__name__}); start one "
-            "(`ray start --head`) or pass the address it printed."
-        ) from None
 
 
 def start_ray(
@@ -175,90 +145,6 @@ def single_machine_ray() -> Iterator[None]:
         yield
     finally:
         constants.ENABLE_RAY_CLUSTER = previous
-
-
-def check_router_point(model: str | None, revision: str | None, operating_point: str | None) -> None:
-    """From config.json alone, before Ray starts: each replica or actor would find out only after loading
-    the router. A config.json only the cluster's nodes can read is left to them; they check again."""
-    if operating_point is None:
-        return
-    if not isinstance(operating_point, str):
-        raise InputError(f"operating_point must be a name (a str) or None, got {type(operating_point).__name__}.")
-    from benchgen_router.loading import declared_config
-    from benchgen_router.model_code import RouterConfig, default_router_dir
-
-    try:
-        declared = declared_config(str(default_router_dir() if model is None else model), revision)
-    except InputError:
-        return
-    try:
-        config = RouterConfig(
-            operating_points=declared.get("operating_points"), operating_point=declared.get("operating_point")
-        )
-        config.check_operating_point(operating_point)
-    except ValueError as err:
-        raise InputError(first_line(err)) from None
-
-
-def router_agents(model: str | None, revision: str | None) -> list[str] | None:
-    """The router's agents, from its config.json, so that the pool's upstreams are checked against them
-    before Ray starts; None for a config.json only the cluster's nodes can read (the replicas check)."""
-    from benchgen_router.loading import declared_config
-    from benchgen_router.model_code import default_router_dir
-
-    try:
-        declared = declared_config(str(default_router_dir() if model is None else model), revision)
-    except InputError:
-        return None
-    labels = declared.get("id2label") or {}
-    return [labels[key] for key in sorted(labels, key=int)]
-
-
-def read_gateway(
-    pool_file: str | os.PathLike | None,
-    model: str | None,
-    revision: str | None,
-    route_on: str = "last-user",
-    gateway_fallback: str | None = None,
-    gateway_timeout_s: float = GATEWAY_TIMEOUT_S,
-    gateway_max_request_bytes: int = GATEWAY_MAX_REQUEST_BYTES,
-    gateway_max_response_bytes: int = GATEWAY_MAX_RESPONSE_BYTES,
-    journal: str | os.PathLike | None = None,
-    journal_text: bool = False,
-) -> GatewaySettings | None:
-    """The gateway's settings when the pool file names upstreams, every problem of the file at once (one
-    line each); None when it names none: the service then has no gateway."""
-    if journal_text and journal is None:
-        raise setting_error("{journal_text} needs {journal}, the folder to journal to.")
-    if pool_file is None or not names_upstreams(read_pool_rows(pool_file)):
-        for name, value in (("gateway_fallback", gateway_fallback), ("journal", journal)):
-            if value is not None:
-                raise setting_error(f"{{{name}}} needs a pool file whose agents have a base_url (docs/gateway.md).")
-        return None
-    upstreams = read_upstream_pool(pool_file, router_agents(model, revision))
-    check_gateway_settings(route_on, gateway_fallback, gateway_timeout_s, upstreams.agents)
-    check_positive("gateway_max_request_bytes", gateway_max_request_bytes)
-    check_positive("gateway_max_response_bytes", gateway_max_response_bytes)
-    return GatewaySettings(
-        upstreams,
-        route_on,
-        gateway_fallback,
-        float(gateway_timeout_s),
-        gateway_max_request_bytes,
-        gateway_max_response_bytes,
-        journal=journal_folder(journal),
-        journal_text=journal_text,
-    )
-
-
-def journal_folder(journal: str | os.PathLike | None) -> str | None:
-    """The journal's folder as an absolute path (a replica's working directory is not the caller's)."""
-    if journal is None:
-        return None
-    folder = Path(journal).expanduser().resolve()
-    if folder.exists() and not folder.is_dir():
-        raise setting_error(f"{{journal={journal}}} is a file; pass a folder (it is created when missing).")
-    return str(folder)
 
 
 def build_application(
@@ -346,12 +232,6 @@ def app_builder(args: dict[str, str]) -> Any:
     pool = read_pool_file(args["pool"]) if "pool" in args else None
     gateway = read_gateway(args.get("pool"), args.get("model"), args.get("revision"), **gateway_settings)
     return build_application(args.get("model"), pool=pool, gateway=gateway, **settings)
-
-
-def check_positive(name: str, value: float, integer: bool = True) -> None:
-    if (integer and (not isinstance(value, int) or value < 1)) or value < 0:
-        kind = "a positive integer" if integer else "a number >= 0"
-        raise InputError(f"{name} must be {kind}, got {value!r}.")
 
 
 def serve(
@@ -458,37 +338,6 @@ class ServicePlan:
     gateway_timeout_s: float = GATEWAY_TIMEOUT_S
     mode: str | None = None  # Ray Serve's data plane in a Ray the service starts (serving.engine)
     mode_fallback: str | None = None  # why that is standard mode when throughput mode was wanted
-
-
-def check_service_settings(
-    replicas: int,
-    max_batch_size: int,
-    threads: int,
-    max_queries: int,
-    max_request_bytes: int,
-    batch_wait_ms: float,
-    ray_cpus: int | None,
-) -> None:
-    for name, value in (
-        ("replicas", replicas),
-        ("max_batch_size", max_batch_size),
-        ("threads", threads),
-        ("max_queries", max_queries),
-        ("max_request_bytes", max_request_bytes),
-    ):
-        check_positive(name, value)
-    check_positive("batch_wait_ms", batch_wait_ms, integer=False)
-    if ray_cpus is not None:
-        check_positive("ray_cpus", ray_cpus)
-
-
-def check_local_machine(host: str, port: int, cpus: int, ray_cpus: int | None, metrics_port: int | None) -> int:
-    """The metrics port, once this machine has the CPUs and the ports for a local Ray and the service."""
-    check_cpus("replicas", cpus, ray_cpus)
-    check_port_free(host, port, "the service")
-    metrics_port = metrics_port or free_port(taken=(port,))
-    check_port_free("127.0.0.1", metrics_port, "metrics")
-    return metrics_port
 
 
 def run_service(application: Any, plan: ServicePlan, blocking: bool) -> RunningService | None:
