@@ -6,6 +6,7 @@ summary line, and the rest is collected as usual, against real upstreams on loop
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,46 @@ def test_a_prompt_journaled_before_the_mark_is_judged_cut_by_its_length(tmp_path
     path.write_text("".join(json.dumps({k: v for k, v in row.items() if k != "text_truncated"}) + "\n" for row in rows))
     found = traffic_prompts(tmp_path)
     assert [prompt.text for prompt in found.prompts] == ["a whole prompt"] and found.truncated == 1
+
+
+def folder_state(folder: Path) -> dict[str, int]:
+    """Each entry of `folder` with its modification time, and the folder's own (a file made, renamed over or
+    removed in it changes the folder's)."""
+    return {".": folder.stat().st_mtime_ns} | {path.name: path.stat().st_mtime_ns for path in folder.iterdir()}
+
+
+@pytest.mark.parametrize("sampled_before", [False, True], ids=["new-sample", "resumed-sample"])
+def test_a_python_call_refused_by_another_run_touches_nothing(tmp_path, sampled_before):
+    """collect_from_journal() from Python while another run holds the output's journal: refused (JournalInUse)
+    before it samples, so the output folder keeps its files and their modification times. It used to sample the
+    journal into the tasks file, then, refused by collect(), remove that file: the one the run holding the
+    output had sampled and was using, when that run had not written it yet."""
+    from benchgen_router.collect import JournalInUse
+    from benchgen_router.collect.journal import JournalLock
+    from benchgen_router.collect.run import CollectConfig
+    from benchgen_router.collect.traffic import JournalSource, collect_from_journal
+
+    journal = TrafficJournal(tmp_path / "journal", keep_text=True)
+    journal.record_call({"request_id": journal.new_request_id(), "agent": "a", "status": 200}, "Name a river.")
+    journal.close()
+    out = tmp_path / "out"
+    out.mkdir()
+    write_pool(out / "pool.json", [("a", "http://127.0.0.1:9/v1", "m-a")])
+    write_pool(out / "judge.json", [("judge", "http://127.0.0.1:9/v1", "m-judge")])
+    tasks = out / "calls.tasks.jsonl"
+    if sampled_before:
+        tasks.write_text('{"task_id": "journal-1", "prompt": "Name a lake.", "grader": "judge"}\n')
+    config = CollectConfig(
+        tasks=tasks, pool=out / "pool.json", output=out / "calls.jsonl", judge_pool=out / "judge.json", resume=True
+    )
+    holder = JournalLock(config.journal_path).acquire()  # as the run that holds the output would
+    try:
+        for path in out.iterdir():
+            os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+        os.utime(out, ns=(1_000_000_000, 1_000_000_000))
+        before = folder_state(out)
+        with pytest.raises(JournalInUse, match="is in use by another collect run"):
+            collect_from_journal(config, JournalSource(tmp_path / "journal", sample=1))
+        assert folder_state(out) == before
+    finally:
+        holder.release()

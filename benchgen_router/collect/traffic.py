@@ -33,7 +33,7 @@ from typing import Any
 
 from benchgen_router.collect.formats import JUDGE_GRADER, dump_row, read_tasks
 from benchgen_router.collect.judge import JudgeAsker
-from benchgen_router.collect.run import Asker, CollectConfig, CollectResult, collect
+from benchgen_router.collect.run import Asker, CollectConfig, CollectResult, collect, holding_journal
 from benchgen_router.errors import InputError, setting_error
 from benchgen_router.files import atomic_output
 from benchgen_router.serving.journal import TEXT_MAX_CHARS, text_truncated
@@ -251,20 +251,23 @@ def collect_from_journal(
     """Sample `source`'s prompts into the tasks file `config.tasks`, then measure the pool on them with
     the judge (collect()). With `config.resume` and that tasks file present, its prompts are kept (the
     journal is not sampled again). Bad input is one line, and a tasks file this call wrote is removed
-    when collect refuses to start, so the same command can be run again."""
+    when collect refuses to start, so the same call can be made again. The output's journal lock is taken
+    before the journal is read: a call refused because another run holds the output (JournalInUse)
+    writes, removes and probes nothing."""
     read_upstream_pool(config.pool)  # a pool problem is reported before the journal is read
     _check(config, source)
-    tasks = Path(config.tasks)
-    if tasks.exists():
-        sample = _reused_sample(tasks)
-        logger.info("collect: %d prompts sampled from the journal before, in %s, kept for --resume", sample.sampled,
-                    tasks)  # fmt: skip
-    else:
-        sample = write_journal_tasks(source, tasks)
-    try:
-        _warn_foreign_agents(config)
-        return sample, collect(config, ask, judge_ask)
-    except InputError:  # nothing was asked: leave no sampled tasks file behind to block the next run
-        if not sample.reused:
-            tasks.unlink(missing_ok=True)
-        raise
+    with holding_journal(config):
+        tasks = Path(config.tasks)
+        if tasks.exists():
+            sample = _reused_sample(tasks)
+            logger.info("collect: %d prompts sampled from the journal before, in %s, kept for --resume",
+                        sample.sampled, tasks)  # fmt: skip
+        else:
+            sample = write_journal_tasks(source, tasks)
+        try:
+            _warn_foreign_agents(config)
+            return sample, collect(config, ask, judge_ask)
+        except InputError:  # nothing was asked: leave no sampled tasks file behind to block the next run
+            if not sample.reused:
+                tasks.unlink(missing_ok=True)
+            raise
