@@ -130,3 +130,18 @@ def test_a_python_call_refused_by_another_run_touches_nothing(tmp_path, sampled_
         assert folder_state(out) == before
     finally:
         holder.release()
+
+
+def test_a_whole_prompt_as_long_as_the_gateways_limit_is_a_task(tmp_path):
+    """A line's mark decides, not its text's length: a prompt of exactly TEXT_MAX_CHARS that the gateway did not
+    cut is a task (it was skipped as cut), one it cut is skipped."""
+    from benchgen_router.collect.traffic import traffic_prompts
+
+    journal = TrafficJournal(tmp_path, keep_text=True)
+    journal.record_call({"request_id": journal.new_request_id(), "agent": "a"}, "y" * TEXT_MAX_CHARS)
+    journal.record_call(
+        {"request_id": journal.new_request_id(), "agent": "a"}, "z" * TEXT_MAX_CHARS, text_truncated=True
+    )
+    journal.close()
+    found = traffic_prompts(tmp_path)
+    assert [prompt.text for prompt in found.prompts] == ["y" * TEXT_MAX_CHARS] and found.truncated == 1

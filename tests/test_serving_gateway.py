@@ -50,6 +50,7 @@ from benchgen_router.errors import InputError  # noqa: E402
 from benchgen_router.serving.app import RouterService, api  # noqa: E402
 from benchgen_router.serving.gateway import (  # noqa: E402
     ROUTE_ON,
+    ROUTING_TEXT_MAX_CHARS,
     Gateway,
     GatewayError,
     GatewaySettings,
@@ -147,12 +148,17 @@ def test_the_text_routed_on_is_the_last_user_message_or_the_conversation():
             ],
         },
     ]
-    assert routing_text(messages, "last-user") == "second\nquestion"
-    assert routing_text(messages, "conversation") == "first question\n\nfirst answer\n\nsecond\nquestion"
-    assert routing_text(messages, "first-user") == "first question"  # every turn: one agent
+    assert routing_text(messages, "last-user").text == "second\nquestion"
+    assert routing_text(messages, "conversation").text == "first question\n\nfirst answer\n\nsecond\nquestion"
+    assert routing_text(messages, "first-user").text == "first question"  # every turn: one agent
     image_only = [*messages, {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
-    assert routing_text(image_only, "last-user") == "second\nquestion"  # the last user message with text
-    assert len(routing_text([{"role": "user", "content": "x" * 200_000}], "last-user")) == 65536
+    assert routing_text(image_only, "last-user").text == "second\nquestion"  # the last user message with text
+    routed = routing_text([{"role": "user", "content": "x" * 200_000}], "last-user")
+    assert routed.text == "x" * ROUTING_TEXT_MAX_CHARS and routed.cut  # the journal line says it was cut
+    exact = routing_text([{"role": "user", "content": "x" * ROUTING_TEXT_MAX_CHARS}], "last-user")
+    assert len(exact.text) == ROUTING_TEXT_MAX_CHARS and not exact.cut  # whole, though as long as the limit
+    halves = [{"role": "user", "content": "y" * (ROUTING_TEXT_MAX_CHARS // 2)}] * 2  # joined with "\n\n": 2 more
+    assert routing_text(halves, "conversation").cut and not routing_text(halves, "last-user").cut
     for bad in (None, [], "hi", [{"role": "system", "content": "only a system prompt"}], [{"role": "user"}]):
         problem = gateway_error(routing_text, bad, "last-user")
         assert (problem.status, problem.param) == (400, "messages")
@@ -171,9 +177,9 @@ def test_a_message_without_visible_text_is_skipped_like_an_image(invisible):
         {"role": "user", "content": "last question"},
         {"role": "user", "content": [{"type": "text", "text": invisible}]},
     ]
-    assert routing_text(messages, "last-user") == "last question"
-    assert routing_text(messages, "first-user") == "first question"
-    assert routing_text(messages, "conversation") == "first question\n\nlast question"
+    assert routing_text(messages, "last-user").text == "last question"
+    assert routing_text(messages, "first-user").text == "first question"
+    assert routing_text(messages, "conversation").text == "first question\n\nlast question"
     for route_on in ROUTE_ON:
         nothing = gateway_error(routing_text, [{"role": "user", "content": invisible}] * 2, route_on)
         assert (nothing.status, nothing.param) == (400, "messages") and "\n" not in str(nothing)

@@ -18,7 +18,7 @@ from test_serving_gateway_hostile import AppServer, answered, build_router, make
 
 from benchgen_router.errors import InputError
 from benchgen_router.serving.feedback import FEEDBACK_MAX_COMMENT_CHARS
-from benchgen_router.serving.gateway import GatewaySettings
+from benchgen_router.serving.gateway import ROUTING_TEXT_MAX_CHARS, GatewaySettings
 from benchgen_router.serving.journal import FEEDBACK_PER_REQUEST
 from benchgen_router.serving.journal_reading import read_journal
 from helpers import make_queries
@@ -273,19 +273,31 @@ def test_feedback_past_its_cap_per_request_is_a_409_and_minus_zero_is_zero(journ
 
 
 def test_a_prompt_longer_than_the_gateway_routes_on_is_marked_cut_in_its_line(journal_apps, upstream):
-    """The gateway routes on the first 65,536 characters; the journal line says the text it holds was cut."""
+    """The gateway routes on the first 65,536 characters, and says in the journal line whether it cut the text
+    it journals: a prompt of exactly that length is whole (it was marked cut, inferred from its length), one
+    character more is cut, routed or passed through."""
     upstream.script = by_kind
     app, folder = journal_apps["feedback"]
-    ids = []
-    for content in ("word " * 20_000, "a short prompt"):
-        body = {"model": "benchgen-router", "messages": [{"role": "user", "content": content}]}
-        ids.append(post(app, "/v1/chat/completions", body).headers["x-benchgen-request-id"])
+    limit = ROUTING_TEXT_MAX_CHARS
+    sent = {  # what the line is named in a failure: (model, the prompt, whether it is marked cut)
+        "routed, 100,000 characters": ("benchgen-router", "word " * 20_000, True),
+        "routed, the limit": ("benchgen-router", "w" * limit, False),
+        "routed, the limit + 1": ("benchgen-router", "w" * (limit + 1), True),
+        "passed through, the limit": ("alpha", "p" * limit, False),
+        "passed through, the limit + 1": ("alpha", "p" * (limit + 1), True),
+        "routed, short": ("benchgen-router", "a short prompt", False),
+    }
+    ids = {}
+    for name, (model, content, _) in sent.items():
+        body = {"model": model, "messages": [{"role": "user", "content": content}]}
+        ids[name] = post(app, "/v1/chat/completions", body).headers["x-benchgen-request-id"]
     deadline, calls = time.monotonic() + 30, {}
-    while not all(request_id in calls for request_id in ids) and time.monotonic() < deadline:
+    while not all(request_id in calls for request_id in ids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)  # written by the journal's thread
         with contextlib.suppress(InputError):  # no file yet
             calls = {call["request_id"]: call for call in read_journal(folder).calls}
-    assert [calls[request_id]["text_truncated"] for request_id in ids] == [True, False]
+    marks = {name: calls[request_id]["text_truncated"] for name, request_id in ids.items()}
+    assert marks == {name: cut for name, (_, _, cut) in sent.items()}
 
 
 def test_feedback_without_a_journal_is_a_404_saying_how_to_get_one(services):

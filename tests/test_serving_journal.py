@@ -368,18 +368,27 @@ def test_retention_settings_out_of_range_are_one_line():
             Retention(max_days=bad)
 
 
-def test_a_text_the_gateway_cut_is_marked_in_its_line(tmp_path):
+def test_a_text_is_marked_cut_when_the_caller_or_the_journal_cut_it(tmp_path):
+    """The mark is a fact, never read from the text's length: the caller says whether it cut the text (the
+    gateway cuts at the length it routes on), and the journal marks what it cuts itself. A text of exactly
+    TEXT_MAX_CHARS is whole (it was marked cut, since the journal inferred a cut from the length)."""
     journal = TrafficJournal(tmp_path, keep_text=True)
     hashed = TrafficJournal(tmp_path / "hashed")
     for target in (journal, hashed):
         target.record_call(call_entry(target.new_request_id()), "a" * (TEXT_MAX_CHARS + 10))
+        target.record_call(call_entry(target.new_request_id()), "b" * TEXT_MAX_CHARS)
+        target.record_call(call_entry(target.new_request_id()), "c" * TEXT_MAX_CHARS, text_truncated=True)
+        target.record_call(call_entry(target.new_request_id()), "a short prompt cut by its caller", text_truncated=True)
         target.record_call(call_entry(target.new_request_id()), "a short prompt")
         target.record_call(call_entry(target.new_request_id()), None)
         target.close()
-    long, short, none = read_journal(tmp_path).calls
-    assert len(long["text"]) == TEXT_MAX_CHARS and long["text_truncated"] is True
+    longer, exact, exact_cut, short_cut, short, none = read_journal(tmp_path).calls
+    assert len(longer["text"]) == TEXT_MAX_CHARS and longer["text_truncated"] is True
+    assert exact["text"] == "b" * TEXT_MAX_CHARS and exact["text_truncated"] is False
+    assert exact_cut["text_truncated"] is True and short_cut["text_truncated"] is True
     assert short["text_truncated"] is False and none["text_truncated"] is False and none["text"] is None
-    assert [call["text_truncated"] for call in read_journal(tmp_path / "hashed").calls] == [True, False, False]
+    marks = [call["text_truncated"] for call in read_journal(tmp_path / "hashed").calls]
+    assert marks == [True, False, True, True, False, False]
 
 
 def test_a_folder_that_can_never_be_written_is_refused_in_one_line(tmp_path):

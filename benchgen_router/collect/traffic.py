@@ -36,7 +36,7 @@ from benchgen_router.collect.judge import JudgeAsker
 from benchgen_router.collect.run import Asker, CollectConfig, CollectResult, collect, holding_journal
 from benchgen_router.errors import InputError, setting_error
 from benchgen_router.files import atomic_output
-from benchgen_router.serving.journal import TEXT_MAX_CHARS, text_truncated
+from benchgen_router.serving.journal import TEXT_MAX_CHARS
 from benchgen_router.serving.journal_reading import JournalReading, read_journal
 from benchgen_router.upstreams import read_upstream_pool
 
@@ -110,6 +110,14 @@ class TrafficPrompts:
     truncated: int  # calls whose text the gateway cut
 
 
+def cut_by_the_gateway(call: Mapping[str, Any], text: str) -> bool:
+    """The line's mark says whether the gateway cut its text. A line journaled before the mark existed has none:
+    a text as long as the gateway routes on may have been cut there, and is taken as cut."""
+    if "text_truncated" in call:
+        return call["text_truncated"] is True
+    return len(text) >= TEXT_MAX_CHARS
+
+
 def traffic_prompts(folder: Path) -> TrafficPrompts:
     """The journal's distinct prompts with their whole text, and the counts of the calls left out."""
     reading = read_journal(folder)
@@ -120,7 +128,7 @@ def traffic_prompts(folder: Path) -> TrafficPrompts:
         if not isinstance(text, str) or not text.strip() or not isinstance(digest, str):
             without_text += 1
             continue
-        if call.get("text_truncated") is True or text_truncated(text):  # a line from before the mark, too
+        if cut_by_the_gateway(call, text):
             truncated += 1
             continue
         prompt = prompts.pop(digest, None) or TrafficPrompt(digest, text)

@@ -391,9 +391,9 @@ class RouterService:
         except InputError as refused:
             where = "model" if target.tradeoff is not None else "tradeoff"
             raise GatewayError(400, first_line(refused), param=where) from None
-        text = routing_text(payload.get("messages"), gateway.settings.route_on)
+        routed = routing_text(payload.get("messages"), gateway.settings.route_on)
         try:
-            (result,) = await self.scored(loaded, [text], target.point, tradeoff)
+            (result,) = await self.scored(loaded, [routed.text], target.point, tradeoff)
         except RouterError as refusal:  # text the router's tokenizer reduces to nothing
             if isinstance(refusal, RequestError):
                 raise
@@ -406,7 +406,7 @@ class RouterService:
         self.routed.inc(1, tags={"agent": result["picked_agent"]})
         router_fallback = loaded.fallbacks.get(result.get("operating_point"))
         plan = routed_plan(result, gateway.settings.upstreams, gateway.settings.fallback_agent, router_fallback)
-        journaled = gateway.journaled(payload, text)
+        journaled = gateway.journaled(payload, routed)
         if journaled is not None:
             journaled.decision = result
         return await self.relayed(request, gateway, payload, plan, big, journaled)

@@ -210,12 +210,22 @@ def content_text(content: Any) -> str:
     return ""
 
 
-def routing_text(messages: Any, route_on: str) -> str:
+@dataclass(frozen=True)
+class RoutingText:
+    """What the router scores, and whether it was cut to ROUTING_TEXT_MAX_CHARS: the journal line says so,
+    since a cut text is not the prompt the user sent."""
+
+    text: str
+    cut: bool
+
+
+def routing_text(messages: Any, route_on: str) -> RoutingText:
     """What the router scores: the last user message with visible text ("last-user"); the first ("first-user"),
     so that every turn of a conversation goes to the agent its opening was routed to; or every user and
     assistant message with visible text, in order ("conversation"). A message whose text shows nothing (a
     zero-width space, a NUL) is skipped as an image is: the router would score nothing. No user text at all,
-    or none visible, is a 400."""
+    or none visible, is a 400. On a large body this is seconds of work: callers on an event loop run it in a
+    thread (off_loop)."""
     if not isinstance(messages, list) or not messages:
         raise GatewayError(400, '"messages" must be a non-empty list of chat messages.', param="messages")
     roles = ("user", "assistant") if route_on == "conversation" else ("user",)
@@ -238,11 +248,12 @@ def routing_text(messages: Any, route_on: str) -> str:
         text = "\n\n".join(text for _, text in texts)
     else:
         text = texts[0][1] if route_on == "first-user" else texts[-1][1]
+    cut = len(text) > ROUTING_TEXT_MAX_CHARS
     text = text[:ROUTING_TEXT_MAX_CHARS]
     problem = text_problem(text, "the text to route on")
     if problem:
         raise GatewayError(400, f"{problem}; a router cannot score it.", param="messages")
-    return text
+    return RoutingText(text, cut)
 
 
 class NotJsonNumber(ValueError):
@@ -346,6 +357,7 @@ class Journaled:
     request_id: str
     model: str
     text: str | None  # what the router scored (a pass-through: what it would score), None without user text
+    text_cut: bool  # whether `text` was cut to ROUTING_TEXT_MAX_CHARS
     stream: bool
     decision: dict[str, Any] = field(default_factory=dict)  # a routed request's: the router's result
     agent: str | None = None  # the agent being called, then the one that answered
@@ -406,19 +418,20 @@ class Gateway:
         )
         self.journal_failures_counted = 0
 
-    def journaled(self, payload: Mapping[str, Any], text: str | None) -> Journaled | None:
+    def journaled(self, payload: Mapping[str, Any], routed: RoutingText | None) -> Journaled | None:
         """A request's journal line to fill in (None without a journal), with its new request id."""
         if self.journal is None:
             return None
-        model = payload.get("model")
-        return Journaled(self.journal.new_request_id(), str(model), text, payload.get("stream") is True)
+        text, cut = (None, False) if routed is None else (routed.text, routed.cut)
+        model, stream = str(payload.get("model")), payload.get("stream") is True
+        return Journaled(self.journal.new_request_id(), model, text, cut, stream)
 
     def record(self, journaled: Journaled | None, status: int, usage: CallUsage | None, total_s: float | None) -> None:
         """Journal a request once, however it ended; the journal's write failures reach the metrics."""
         if journaled is None or journaled.written or self.journal is None:
             return
         journaled.written = True
-        self.journal.record_call(journaled.entry(status, usage, total_s), journaled.text)
+        self.journal.record_call(journaled.entry(status, usage, total_s), journaled.text, journaled.text_cut)
         self.count_journal_failures()
 
     def count_journal_failures(self) -> None:

@@ -26,7 +26,8 @@ first), signs request ids, so that any process on the folder recognises an id an
 hash of the routed text (`text_sha256`): one prompt hashes the same in every process, for
 deduplication, while the hash is useless to guess prompts without the key. The text itself is stored
 only with `keep_text`, because prompts are users' data, and at most TEXT_MAX_CHARS of it, the most the
-gateway routes on: a text that long is marked `text_truncated`, since its end may be missing.
+gateway routes on. A text that was cut, by the gateway or here, is marked `text_truncated`: the caller
+says whether it cut it, since a text of exactly that length may be whole or cut.
 
 Failures. Each line is one write() to a file opened for appending; a write that fails halfway is cut
 back. A failed write (a full disk) never starts a new file, so it never makes retention remove one:
@@ -84,7 +85,7 @@ FILES_PER_BUDGET = 8  # a kind's files are an eighth of its budget: retention re
 FILE_MAX_AGE_S = 86400.0  # a file is finished after a day, so that retention by days is a day late at most
 RETENTION_CHECK_S = 600.0
 # The gateway routes on at most this many characters of a prompt (serving/gateway.py cuts there); the
-# journal keeps no more, and marks a text that reaches it.
+# journal keeps no more, and marks a text it cuts.
 TEXT_MAX_CHARS = 65536
 # Feedback lines per request id: one rating, changed a few times or retried by a client. Counted per
 # process over the FEEDBACK_IDS_TRACKED ids most recently rated (a bounded memory).
@@ -100,11 +101,6 @@ def _now() -> str:
 
 def _safe_host() -> str:
     return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
-
-
-def text_truncated(text: str) -> bool:
-    """Whether a journaled text may have lost its end: it has as many characters as the gateway routes on."""
-    return len(text) >= TEXT_MAX_CHARS
 
 
 def _create_key(path: Path) -> None:
@@ -278,14 +274,15 @@ class TrafficJournal:
 
     # -- recording -------------------------------------------------------------------------------
 
-    def record_call(self, entry: dict[str, Any], text: str | None) -> None:
-        """Journal one gateway call: `entry` plus time, kind, the text's salted hash, whether the text may
-        be cut (`text_truncated`) and, with keep_text, the text (at most TEXT_MAX_CHARS of it)."""
-        if text is not None:
-            text = text[:TEXT_MAX_CHARS]
+    def record_call(self, entry: dict[str, Any], text: str | None, text_truncated: bool = False) -> None:
+        """Journal one gateway call: `entry` plus time, kind, the text's salted hash, whether the text was
+        cut (`text_truncated`: the caller cut it, as the gateway does at the length it routes on, or the
+        journal did, to TEXT_MAX_CHARS) and, with keep_text, the text."""
+        if text is not None and len(text) > TEXT_MAX_CHARS:
+            text, text_truncated = text[:TEXT_MAX_CHARS], True
         line = {"time": _now(), "kind": "call", **entry}
         line["text_sha256"] = None if text is None else self.text_hash(text)
-        line["text_truncated"] = text is not None and text_truncated(text)
+        line["text_truncated"] = text is not None and text_truncated
         if self.keep_text:
             line["text"] = text
         self._put(line)

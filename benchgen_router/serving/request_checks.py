@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from benchgen_router.errors import InputError, first_line
 from benchgen_router.files import text_problem
-from benchgen_router.serving.gateway import GatewayError, routing_text
+from benchgen_router.serving.gateway import GatewayError, RoutingText, routing_text
 
 logger = logging.getLogger("benchgen_router.serving")
 T = TypeVar("T")
@@ -90,7 +90,7 @@ async def while_connected(request: Request, work: Awaitable[T]) -> T | None:
     return task.result()
 
 
-def passthrough_text(payload: dict[str, Any], route_on: str) -> str | None:
+def passthrough_text(payload: dict[str, Any], route_on: str) -> RoutingText | None:
     """What the router would score in a pass-through request, for its journal line; None when nothing."""
     try:
         return routing_text(payload.get("messages"), route_on)
