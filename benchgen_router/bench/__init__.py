@@ -1,7 +1,8 @@
-"""Benchmarks as library code: routing speed, the service under load, memory of loading and streaming.
+"""Benchmarks as library code: routing speed, the service under load, memory of loading and streaming, and
+routing value on an outcome matrix (`value/`).
 
-Each runs as `benchgen-router bench [service | load-memory | streaming]`; the command line lives in
-benchgen_router/cli/ and nothing here imports it.
+Each runs as `benchgen-router bench [service | load-memory | streaming | value]`; the command line lives
+in benchgen_router/cli/ and nothing here imports it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ leave-groups-out (the task groups dealt into folds), beside each single model, R
 and the oracle. Figures, mean ± std over folds: the least share of the reference's cost (the single model
 best on the training rows) at which a router matches its accuracy, the best accuracy, RouterBench's AIQ;
 with two agents also RouteLLM's APGR and CPT. Writes OUTPUT_DIR/value.md (the tables), value.json (every
-fold's points and figures) and value.png (the curves). Details: docs/benchmarks/mmlu-pro.md.
+fold's points and figures) and value.png (the curves; with two agents also value-gap.png, the gap
+recovered against the share of strong calls). Details: docs/benchmarks/mmlu-pro.md and
+docs/benchmarks/routellm.md (RouteLLM's outcomes: import them with --call-cost strong=1 weak=0
+--call-cost-unit calls).
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--output-dir", type=Path, required=True, metavar="DIR", help="where value.md, value.json and value.png go")
     add("--pool", type=Path, metavar="FILE", help="pool file whose prices cost calls that carry tokens but no cost")
     add("--name", help="the matrix's name in the tables (default: the folder's name)")
+    add(
+        "--cost-unit",
+        default="USD per 1,000 queries",
+        help="what the calls' costs count, per 1,000 queries (default: %(default)s; an import with "
+        "--call-cost-unit calls counts calls: e.g. 'strong calls per 1,000 queries')",
+    )
     add("--folds", type=positive_int, default=5, help="k of k-fold (default: %(default)s)")
     add("--repeats", type=positive_int, default=3, help="k-fold repeats (default: %(default)s)")
     add("--group-folds", type=_count, default=5, help="leave-groups-out folds, 0 for none (default: %(default)s)")
@@ -94,13 +103,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from benchgen_router.bench.value import ValueConfig, read_imported_folder, run_value_benchmark
-    from benchgen_router.bench.value.report import format_result, plot_result, result_to_dict
+    from benchgen_router.bench.value.report import format_result, plot_gap, plot_result, result_to_dict
     from benchgen_router.errors import InputError
     from benchgen_router.files import atomic_output
 
     if not args.output_dir.is_dir():
         raise InputError(f"--output-dir {args.output_dir} is not a folder; create it first.")
-    matrix = read_imported_folder(args.data, args.pool, args.name)
+    matrix = read_imported_folder(args.data, args.pool, args.name, args.cost_unit)
     config = ValueConfig(
         folds=args.folds,
         repeats=args.repeats,
@@ -125,4 +134,6 @@ def run(args: argparse.Namespace) -> int:
     with atomic_output(args.output_dir / "value.md") as handle:
         handle.write(tables + "\n")
     plot_result(result, args.output_dir / "value.png")
+    if len(result.agents) == 2:
+        plot_gap(result, args.output_dir / "value-gap.png")
     return EXIT_OK

@@ -44,11 +44,15 @@ class OutcomeMatrix:
 
 
 def read_imported_folder(
-    folder: str | os.PathLike, pool: str | os.PathLike | None = None, name: str | None = None
+    folder: str | os.PathLike,
+    pool: str | os.PathLike | None = None,
+    name: str | None = None,
+    cost_unit: str = "USD per 1,000 queries",
 ) -> OutcomeMatrix:
     """The matrix of a folder holding tasks.jsonl, rewards.jsonl and calls.jsonl (what `import` and `collect`
     write): rewards joined to prompts on task_id, each call's cost from the calls file (`pool` prices the
-    calls that carry tokens but no cost), the group of each task from its `task_group`."""
+    calls that carry tokens but no cost), the group of each task from its `task_group`. `cost_unit` names what
+    the calls file's costs count, times 1,000 (an import with `--call-cost-unit calls` counts calls)."""
     from benchgen_router.costs import costs_for_labelled
     from benchgen_router.data import join_rewards, load_rows
     from benchgen_router.importing import CALLS_FILE, REWARDS_FILE, TASKS_FILE
@@ -74,4 +78,5 @@ def read_imported_folder(
         groups=[None if group_of.get(task) is None else str(group_of[task]) for task in data.task_ids],
         rewards=np.asarray(data.rewards, dtype=np.float64),
         cost_per_1k=np.asarray(costs.cost_per_1k, dtype=np.float64),
+        cost_unit=cost_unit,
     )

@@ -262,3 +262,32 @@ def plot_result(result: ValueResult, png: str | Path, labelled: int = 4) -> None
     plot_curve_panels(
         panels, png, f"{result.cost_unit} (log scale)", "accuracy (held out, mean over folds)", log_x=True
     )
+
+
+def plot_gap(result: ValueResult, png: str | Path) -> None:
+    """A pool of two: each router's mean held-out performance gap recovered against the share of strong
+    calls (RouteLLM's curves), one panel per split kind, random dashed and the oracle dotted."""
+    from benchgen_router.frontier.plots import plot_gap_panels
+
+    grid = np.linspace(0, 1, 101)
+    panels = []
+    for kind in KINDS:
+        folds = [fold for fold in result.folds if fold.kind == kind and "curves" in fold.gap]
+        if not folds:
+            continue
+        names = dict.fromkeys(name for fold in folds for name in fold.gap["curves"])
+        lines = []
+        for name in names:
+            runs = [fold for fold in folds if name in fold.gap["curves"]]
+            recovered = [
+                (np.interp(grid, *fold.gap["curves"][name]) - fold.gap["weak"])
+                / (fold.gap["strong"] - fold.gap["weak"])
+                for fold in runs
+            ]
+            lines.append((MARGIN_NAMES.get(name, curve_name(name)), grid, np.mean(recovered, axis=0)))
+        lines.append(("random", np.array([0.0, 1.0]), np.array([0.0, 1.0])))
+        panels.append((f"{result.matrix}, {kind} ({len(folds)} folds)", lines))
+    if panels:
+        plot_gap_panels(
+            panels, png, "share of strong-model calls", "performance gap recovered (held out, mean over folds)"
+        )
