@@ -36,7 +36,14 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from benchgen_router.serving.app import RouterService, api  # noqa: E402
 from benchgen_router.serving.call_usage import MAX_COST_PER_CALL_USD, MAX_TOKENS_PER_CALL  # noqa: E402
-from benchgen_router.serving.gateway import GatewaySettings  # noqa: E402
+from benchgen_router.serving.gateway import (  # noqa: E402
+    DEFAULT_MAX_REQUEST_BYTES,
+    ROUTING_TEXT_MAX_CHARS,
+    GatewayError,
+    GatewaySettings,
+    parse_chat_body,
+    routing_text,
+)
 from benchgen_router.upstreams import Upstream, UpstreamPool  # noqa: E402
 
 AGENTS = ["alpha", "beta"]
@@ -488,6 +495,72 @@ def test_a_stream_without_line_ends_costs_the_replica_what_one_with_them_does(ap
     )
     assert endless_line_s < 2 * ordinary_s + 2.0, (ordinary_s, endless_line_s)
     assert median < 0.3, routes
+
+
+# ---------------------------------------------------------------------------------------------
+# A body that is seconds of checking
+
+
+def invisible_body(model: str) -> bytes:
+    """A chat completion body just under the gateway's 16 MiB: user messages of 65,537 zero-width spaces, each
+    checked for visible text up to the 65,536 characters the router reads, and none has any."""
+    characters = ROUTING_TEXT_MAX_CHARS + 1
+    count = (DEFAULT_MAX_REQUEST_BYTES - 4096) // (3 * characters + 40)  # 3 bytes each in UTF-8
+    messages = [{"role": "user", "content": "\u200b" * characters}] * count
+    body = json.dumps({"model": model, "messages": messages}, ensure_ascii=False).encode()
+    assert DEFAULT_MAX_REQUEST_BYTES - (1 << 20) < len(body) <= DEFAULT_MAX_REQUEST_BYTES
+    return body
+
+
+def routes_beside_a_body(app: AppServer, body: bytes) -> tuple[httpx.Response, list[float]]:
+    """(the answer to chat completion `body`, the seconds of each /v1/route request sent to the replica, one
+    after another, while that answer was awaited)."""
+    answer: list[httpx.Response] = []
+
+    def send() -> None:
+        with httpx.Client(timeout=120, trust_env=False) as http:
+            headers = {"content-type": "application/json"}
+            answer.append(http.post(f"{app.url}/v1/chat/completions", content=body, headers=headers))
+
+    routes = []
+    with httpx.Client(timeout=120, trust_env=False) as http:
+        route = {"queries": ["what is two plus two"]}
+        assert http.post(f"{app.url}/v1/route", json=route).status_code == 200  # connected, the model warm
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        while sender.is_alive():
+            asked = time.perf_counter()
+            assert http.post(f"{app.url}/v1/route", json=route).status_code == 200
+            routes.append(time.perf_counter() - asked)
+        sender.join()
+    return answer[0], routes
+
+
+def checking_alone_s(body: bytes) -> float:
+    """Seconds the check of `body`'s messages takes in this process with nothing beside it."""
+    messages = parse_chat_body(body)["messages"]
+    started = time.perf_counter()
+    with pytest.raises(GatewayError, match="only invisible characters"):
+        routing_text(messages, "last-user")
+    return time.perf_counter() - started
+
+
+def test_route_stays_fast_while_a_body_of_invisible_text_is_checked(app, upstream):
+    """Which message to route on is checked in a worker thread for a large body: on the event loop, 16 MiB of
+    zero-width spaces was seconds of checking there, and every /v1/route request sent to the replica meanwhile
+    waited for it."""
+    body = invisible_body("benchgen-router")
+    alone_s = checking_alone_s(body)
+    answer, routes = routes_beside_a_body(app, body)
+    error = openai_error(answer, 400)
+    assert error["param"] == "messages" and "only invisible characters" in error["message"]
+    median = sorted(routes)[len(routes) // 2]
+    print(
+        f"{len(body) / 2**20:.1f} MiB checked alone in {alone_s:.2f} s; /v1/route beside it: median "
+        f"{1000 * median:.0f} ms, max {1000 * max(routes):.0f} ms over {len(routes)}"
+    )
+    assert alone_s > 0.2, alone_s  # a body that stalls the loop for long enough to show
+    assert max(routes) < alone_s / 3, routes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,16 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from test_serving_gateway_hostile import AppServer, answered, build_router, make_service, pool_of
+from test_serving_gateway_hostile import (
+    AppServer,
+    answered,
+    build_router,
+    checking_alone_s,
+    invisible_body,
+    make_service,
+    pool_of,
+    routes_beside_a_body,
+)
 
 from benchgen_router.errors import InputError
 from benchgen_router.serving.feedback import FEEDBACK_MAX_COMMENT_CHARS
@@ -298,6 +307,19 @@ def test_a_prompt_longer_than_the_gateway_routes_on_is_marked_cut_in_its_line(jo
             calls = {call["request_id"]: call for call in read_journal(folder).calls}
     marks = {name: calls[request_id]["text_truncated"] for name, request_id in ids.items()}
     assert marks == {name: cut for name, (_, _, cut) in sent.items()}
+
+
+def test_route_stays_fast_while_a_passed_through_body_is_checked_for_its_journal_line(journal_apps, upstream):
+    """A journaled pass-through's line holds the text the router would have scored, looked for as a routed
+    request's is: in a worker thread for a large body, not on the event loop that /v1/route requests wait on."""
+    upstream.script = by_kind
+    app, _ = journal_apps["feedback"]
+    body = invisible_body("alpha")
+    alone_s = checking_alone_s(body)
+    answer, routes = routes_beside_a_body(app, body)
+    assert answer.status_code == 200, answer.text  # passed through: nothing to route on is no refusal
+    print(f"checked alone in {alone_s:.2f} s; /v1/route beside it: max {1000 * max(routes):.0f} ms over {len(routes)}")
+    assert alone_s > 0.2 and max(routes) < alone_s / 3, (alone_s, routes)
 
 
 def test_feedback_without_a_journal_is_a_404_saying_how_to_get_one(services):

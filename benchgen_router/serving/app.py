@@ -34,6 +34,7 @@ from benchgen_router.serving.feedback import (
 )
 from benchgen_router.serving.gateway import (
     LARGE_BODY_BYTES,
+    LARGE_TEXT_BYTES,
     Gateway,
     GatewayError,
     GatewaySettings,
@@ -378,20 +379,22 @@ class RouterService:
         gateway = self.gateway_on(request)
         loaded = await self.ready()
         body = await read_body(request, gateway.settings.max_request_bytes, BODY_TIMEOUT_S)
-        big = len(body) > LARGE_BODY_BYTES
+        big, long_text = len(body) > LARGE_BODY_BYTES, len(body) > LARGE_TEXT_BYTES
         payload = await off_loop(big, parse_chat_body, body)
         target = parse_model(payload.get("model"), gateway.settings.upstreams, loaded.point_names)
+        route_on = gateway.settings.route_on
         if target.upstream is not None:
             plan = Plan(attempts=(target.upstream,), routed=False)
-            journaled = gateway.journaled(payload, passthrough_text(payload, gateway.settings.route_on))
-            return await self.relayed(request, gateway, payload, plan, big, journaled)
+            # The text the router would score is looked for only for the journal line: nothing scores it.
+            routed = await off_loop(long_text, passthrough_text, payload, route_on) if gateway.journal else None
+            return await self.relayed(request, gateway, payload, plan, big, gateway.journaled(payload, routed))
         tradeoff = chosen_tradeoff(target, payload)
         try:
             request_tradeoff(loaded.router, tradeoff)
         except InputError as refused:
             where = "model" if target.tradeoff is not None else "tradeoff"
             raise GatewayError(400, first_line(refused), param=where) from None
-        routed = routing_text(payload.get("messages"), gateway.settings.route_on)
+        routed = await off_loop(long_text, routing_text, payload.get("messages"), route_on)
         try:
             (result,) = await self.scored(loaded, [routed.text], target.point, tradeoff)
         except RouterError as refusal:  # text the router's tokenizer reduces to nothing
