@@ -67,9 +67,9 @@ ROUTING_TEXT_MAX_CHARS = 65536
 # Bodies past this size are parsed and written in a thread: tens of milliseconds of JSON on the event
 # loop would stall every stream this replica relays, and the requests it reads.
 LARGE_BODY_BYTES = 1 << 20
-# The text to route on is found by looking at messages character by character (is any visible?), about
-# 70 ms a MiB of zero-width characters: past this size the look is taken in a thread, so that the event
-# loop never waits on it for more than a few milliseconds (a 16 MiB body held it for 1-2 s).
+# The text to route on is found by looking at messages character by character (is any visible?), 50-120 ms
+# a MiB of zero-width characters: past this size the look is taken in a thread, so that the event loop
+# never waits on it for more than a few milliseconds (a 16 MiB body held it for up to 1.4 s, docs/gateway.md).
 LARGE_TEXT_BYTES = 64 << 10
 # A stream that arrives faster than it is relayed is read from buffers without a pause: its relay gives the
 # event loop back after this long, so that the replica's other requests (and streams) are served meanwhile.
