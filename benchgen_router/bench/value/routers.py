@@ -36,12 +36,15 @@ DEFAULT_KNN_K = 20
 
 @dataclass
 class Fold:
-    """The rows a router is fitted on (or scored on): embeddings, groups, rewards, cost per 1,000 queries."""
+    """The rows a router is fitted on (or scored on): embeddings, groups, rewards, cost per 1,000 queries, the
+    prompts themselves, and any further per-row features the run computed (`features`, by name)."""
 
     embeddings: np.ndarray
     groups: Sequence[str | None]
     rewards: np.ndarray
     cost_per_1k: np.ndarray
+    prompts: Sequence[str] = ()
+    features: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass

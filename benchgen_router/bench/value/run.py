@@ -91,10 +91,14 @@ class ValueResult:
 
 
 def run_value_benchmark(
-    matrix: OutcomeMatrix, config: ValueConfig, embed: Callable[[list[str]], np.ndarray] | None = None
+    matrix: OutcomeMatrix,
+    config: ValueConfig,
+    embed: Callable[[list[str]], np.ndarray] | None = None,
+    features: dict[str, np.ndarray] | None = None,
 ) -> ValueResult:
     """Every fold, every router (see the module docstring). `embed` maps prompts to (n, D) embeddings
-    (default: the backbone's, through the package's embedding cache)."""
+    (default: the backbone's, through the package's embedding cache); `features` are further per-row arrays
+    (by name, rows in the matrix's order) that routers may read from their folds."""
     from tqdm.auto import tqdm
 
     from benchgen_router.frontier.cv import fold_assignments
@@ -106,6 +110,10 @@ def run_value_benchmark(
         raise InputError("a routing benchmark needs a pool of at least 2 agents.")
     started = time.perf_counter()
     embeddings = np.asarray((embed or _embedder(config))(list(matrix.prompts)), dtype=np.float32)
+    features = features or {}
+    wrong = [name for name, values in features.items() if len(values) != len(matrix)]
+    if wrong:
+        raise InputError(f"feature {wrong[0]!r} has {len(features[wrong[0]])} rows for {len(matrix)} tasks.")
     plans = [("k-fold", fold_assignments(len(matrix), config.folds, config.repeats, config.seed))]
     if config.group_folds:
         if any(group is None for group in matrix.groups):
@@ -120,7 +128,9 @@ def run_value_benchmark(
                 for fold in range(int(folds.max()) + 1):
                     test = folds == fold
                     with_cmaes = config.cmaes_splits is None or count < config.cmaes_splits
-                    results.append(_run_fold(matrix, embeddings, kind, repeat, fold, ~test, test, config, with_cmaes))
+                    results.append(
+                        _run_fold(matrix, embeddings, features, kind, repeat, fold, ~test, test, config, with_cmaes)
+                    )
                     count += 1
                     bar.update()
     return ValueResult(
@@ -151,6 +161,7 @@ def group_assignments(groups: list[str | None], folds: int, seed: int) -> np.nda
 def _run_fold(
     matrix: OutcomeMatrix,
     embeddings: np.ndarray,
+    features: dict[str, np.ndarray],
     kind: str,
     repeat: int,
     fold: int,
@@ -159,9 +170,14 @@ def _run_fold(
     config: ValueConfig,
     with_cmaes: bool,
 ) -> FoldResult:
-    groups = np.asarray(matrix.groups, dtype=object)
-    train = Fold(embeddings[train_rows], groups[train_rows], matrix.rewards[train_rows], matrix.cost_per_1k[train_rows])
-    test = Fold(embeddings[test_rows], groups[test_rows], matrix.rewards[test_rows], matrix.cost_per_1k[test_rows])
+    groups, prompts = np.asarray(matrix.groups, dtype=object), np.asarray(matrix.prompts, dtype=object)
+
+    def rows(mask: np.ndarray) -> Fold:
+        extra = {name: values[mask] for name, values in features.items()}
+        rewards, cost = matrix.rewards[mask], matrix.cost_per_1k[mask]
+        return Fold(embeddings[mask], groups[mask], rewards, cost, prompts[mask], extra)
+
+    train, test = rows(train_rows), rows(test_rows)
     reference = metrics.best_single_model(train.rewards, train.cost_per_1k)
     known_costs = train.cost_per_1k.mean(axis=0)  # what a router knows of each agent's price
     scale = float(known_costs[reference])
