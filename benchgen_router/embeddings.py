@@ -62,10 +62,13 @@ def embedding_cache_key(
     truncation_length: int,
     device: str,
     prompts: Sequence[str],
+    pooling: str = "last",
 ) -> str:
     """Cache file name for one embedding run. Besides backbone, revision, dtype, truncation and the
     prompts, the key covers the serving code (modeling_router.py) and the torch / transformers
-    versions: a cached embedding is reused only where the serving path would reproduce it."""
+    versions: a cached embedding is reused only where the serving path would reproduce it. `pooling`
+    names what is pooled: "last" (the last hidden state, what serves; kept out of the key so that
+    existing caches stay valid) or "layers" (every layer's masked mean, embed_layer_means)."""
     import torch
     import transformers
 
@@ -81,6 +84,8 @@ def embedding_cache_key(
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
+    if pooling != "last":
+        parts["pooling"] = pooling
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
 
 
@@ -118,28 +123,11 @@ def embed_prompts(
         raise ValueError(f"chunk_prompts must be a positive integer, got {chunk_prompts!r}")
     text_config = load_backbone_config(backbone, revision)
     effective = effective_truncation_length(text_config, truncation_length)
-    cache_file = None
-    if cache_dir is not None:
-        key = embedding_cache_key(
-            _backbone_fingerprint(backbone_source(backbone, revision), text_config),
-            revision,
-            dtype,
-            effective,
-            device,
-            prompts,
-        )
-        cache_folder = Path(cache_dir).expanduser()
-        try:  # before embedding, so a bad --cache-dir fails fast rather than after the work
-            cache_folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise setting_error(
-                f"cannot use embedding cache folder {cache_folder} ({err.strerror}); pass another {{cache_dir}}."
-            ) from None
-        cache_file = cache_folder / f"{key}.npy"
-        cached = _read_cache(cache_file, len(prompts), text_config.hidden_size)
-        if cached is not None:
-            logger.info("embeddings of %d prompts read from cache %s", len(prompts), cache_file)
-            return Embeddings(cached, effective, cache_file, True)
+    cache_file = _cache_file(cache_dir, backbone, revision, text_config, dtype, effective, device, prompts, "last")
+    cached = None if cache_file is None else _read_cache(cache_file, len(prompts), text_config.hidden_size)
+    if cached is not None:
+        logger.info("embeddings of %d prompts read from cache %s", len(prompts), cache_file)
+        return Embeddings(cached, effective, cache_file, True)
 
     model, tokenizer = backbone_router(
         backbone,
@@ -163,12 +151,134 @@ def embed_prompts(
         progress,
         f"backbone '{backbone}' produced NaN or infinite embeddings in {dtype}; use {{dtype=float32}}.",
     )
-    if cache_file is not None and partial is not None:
-        with atomic_output(cache_file, "wb") as handle:
-            np.save(handle, vectors, allow_pickle=False)
-        shutil.rmtree(partial, ignore_errors=True)
-        logger.info("embeddings cached in %s", cache_file)
+    _keep(vectors, cache_file, partial)
     return Embeddings(vectors, effective, cache_file, False)
+
+
+def _cache_file(
+    cache_dir: Path | None,
+    backbone: str,
+    revision: str | None,
+    text_config: Any,
+    dtype: str,
+    truncation_length: int,
+    device: str,
+    prompts: Sequence[str],
+    pooling: str,
+) -> Path | None:
+    """Where an embedding run is cached (None without a cache folder); the folder is made here, before
+    embedding, so that a bad --cache-dir fails fast rather than after the work."""
+    if cache_dir is None:
+        return None
+    identity = _backbone_fingerprint(backbone_source(backbone, revision), text_config)
+    key = embedding_cache_key(identity, revision, dtype, truncation_length, device, prompts, pooling)
+    cache_folder = Path(cache_dir).expanduser()
+    try:
+        cache_folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise setting_error(
+            f"cannot use embedding cache folder {cache_folder} ({err.strerror}); pass another {{cache_dir}}."
+        ) from None
+    return cache_folder / f"{key}.npy"
+
+
+def _keep(vectors: np.ndarray, cache_file: Path | None, partial: Path | None) -> None:
+    """The finished run written to its cache file (atomically), and its chunks removed."""
+    if cache_file is None or partial is None:
+        return
+    with atomic_output(cache_file, "wb") as handle:
+        np.save(handle, vectors, allow_pickle=False)
+    shutil.rmtree(partial, ignore_errors=True)
+    logger.info("embeddings cached in %s", cache_file)
+
+
+@dataclass
+class LayerMeans:
+    vectors: np.ndarray  # (prompts, layers + 1, D) float32: [:, 0] the input embeddings', [:, l] layer l's
+    truncation_length: int
+    cache_file: Path | None
+    from_cache: bool
+
+
+def embed_layer_means(
+    prompts: Sequence[str],
+    backbone: str,
+    revision: str | None = None,
+    dtype: str = "float32",
+    truncation_length: int = 1024,
+    device: str = "cpu",
+    batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
+    cache_dir: Path | None = None,
+    progress: bool = False,
+    allow_emulated_bf16: bool = False,
+    chunk_prompts: int = CHUNK_PROMPTS,
+) -> LayerMeans:
+    """The masked mean of every hidden state of the backbone (the input embeddings, then each layer), per
+    prompt: what a head can read beside embed_prompts' last-layer mean, from one pass of the same model code
+    (RouterModel, the same tokenization and truncation). The last layer's mean is embed_prompts' embedding.
+    Batches are padded (never packed: packed rows return no per-layer states). Cached and resumable as
+    embed_prompts, under a key that also says "layers"; the cache file holds (prompts, (layers + 1) * D)."""
+    if not isinstance(chunk_prompts, int) or isinstance(chunk_prompts, bool) or chunk_prompts < 1:
+        raise ValueError(f"chunk_prompts must be a positive integer, got {chunk_prompts!r}")
+    text_config = load_backbone_config(backbone, revision)
+    effective = effective_truncation_length(text_config, truncation_length)
+    states, dim = text_config.num_hidden_layers + 1, text_config.hidden_size
+    cache_file = _cache_file(cache_dir, backbone, revision, text_config, dtype, effective, device, prompts, "layers")
+    cached = None if cache_file is None else _read_cache(cache_file, len(prompts), states * dim)
+    if cached is not None:
+        logger.info("layer means of %d prompts read from cache %s", len(prompts), cache_file)
+        return LayerMeans(cached.reshape(len(prompts), states, dim), effective, cache_file, True)
+
+    model, tokenizer = backbone_router(
+        backbone,
+        ["layers"],
+        revision=revision,
+        device=device,
+        dtype=dtype,
+        truncation_length=truncation_length,
+        text_config=text_config,
+        allow_emulated_bf16=allow_emulated_bf16,
+    )
+    partial = None if cache_file is None else cache_file.with_name(f"{cache_file.stem}.partial")
+    flat = _embed_in_chunks(
+        lambda chunk: _layer_means_of(model, tokenizer, chunk, batch_size, max_batch_tokens).reshape(len(chunk), -1),
+        prompts,
+        states * dim,
+        chunk_prompts,
+        partial,
+        progress,
+        f"backbone '{backbone}' produced NaN or infinite hidden states in {dtype}; use {{dtype=float32}}.",
+    )
+    _keep(flat, cache_file, partial)
+    return LayerMeans(flat.reshape(len(prompts), states, dim), effective, cache_file, False)
+
+
+def _layer_means_of(
+    model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int | None, max_batch_tokens: int | None
+) -> np.ndarray:
+    """(texts, layers + 1, D): each hidden state's masked mean (the model code's own pooling), tokenized
+    as routing tokenizes, in right-padded batches planned by length."""
+    import torch
+
+    from benchgen_router.hardware import default_batch_tokens
+    from benchgen_router.routing import EmptyQueryError, Router, plan_batches, right_padded
+
+    pool = inspect.getmodule(RouterModel).masked_mean_pool  # the serving code's pooling, clone or wheel
+    tokenized = Router(model, tokenizer).tokenize(texts)
+    if tokenized.empty:
+        raise EmptyQueryError(tokenized.empty)
+    weight = next(model.backbone.parameters())
+    budget = max_batch_tokens or default_batch_tokens(weight.device, weight.dtype)
+    states = model.config.text_config.num_hidden_layers + 1
+    means = np.zeros((len(texts), states, model.config.embedding_dim), dtype=np.float32)
+    with torch.inference_mode():
+        for batch in plan_batches(tokenized.lengths, False, batch_size, budget, device=weight.device):
+            inputs = right_padded(tokenized.encoded, batch, tokenizer.pad_token_id or 0, weight.device)
+            hidden = model(**inputs, output_hidden_states=True).hidden_states
+            pooled = [pool(state, inputs["attention_mask"]) for state in hidden]
+            means[batch] = torch.stack(pooled, dim=1).float().cpu().numpy()
+    return means
 
 
 def _embed_in_chunks(

@@ -44,3 +44,26 @@ def test_embeddings_are_cached_and_read_back(backbone_dir, tmp_path):
     again = embed_prompts(prompts, str(backbone_dir), AGENTS, cache_dir=tmp_path)
     assert not first.from_cache and again.from_cache and first.cache_file == again.cache_file
     assert np.array_equal(first.vectors, again.vectors) and first.vectors.shape == (5, 32)
+
+
+def test_layer_means_end_with_embed_prompts_embedding_and_are_cached(backbone_dir, tmp_path):
+    from benchgen_router.embeddings import embed_layer_means
+
+    prompts = make_queries(40, seed=5)  # lengths differ: padded batches of mixed lengths, against packed rows
+    standard = embed_prompts(prompts, str(backbone_dir), AGENTS, cache_dir=tmp_path)
+    layers = embed_layer_means(prompts, str(backbone_dir), cache_dir=tmp_path, chunk_prompts=16)
+    assert layers.vectors.shape == (40, 3, 32) and not layers.from_cache  # the input embeddings, then 2 layers
+    np.testing.assert_allclose(layers.vectors[:, -1], standard.vectors, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(layers.vectors[:, 0], layers.vectors[:, -1], atol=1e-2)  # other layers differ
+    assert layers.cache_file != standard.cache_file
+    again = embed_layer_means(prompts, str(backbone_dir), cache_dir=tmp_path)
+    assert again.from_cache and np.array_equal(again.vectors, layers.vectors)
+    reread = embed_prompts(prompts, str(backbone_dir), AGENTS, cache_dir=tmp_path)
+    assert reread.from_cache and np.array_equal(reread.vectors, standard.vectors)  # the standard key is untouched
+
+
+def test_the_layers_key_differs_and_the_standard_key_is_unchanged():
+    base = {"backbone_identity": "hub:x@1", "revision": None, "dtype": "float32", "truncation_length": 512}
+    standard = embedding_cache_key(**base, device="cpu", prompts=["a"])
+    assert embedding_cache_key(**base, device="cpu", prompts=["a"], pooling="last") == standard
+    assert embedding_cache_key(**base, device="cpu", prompts=["a"], pooling="layers") != standard
