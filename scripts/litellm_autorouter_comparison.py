@@ -5,7 +5,7 @@ the metrics of `benchgen-router bench value` (docs/integrations/litellm.md has t
         --contaminated routellm-evals/gsm8k/contaminated_prompts.jsonl --call-cost gpt-4-1106-preview=1 \
         --call-cost mistralai/Mixtral-8x7B-Instruct-v0.1=0 --call-cost-unit calls --output-dir gsm8k/
     python scripts/litellm_autorouter_comparison.py --data routellm/gsm8k=gsm8k/ --calls routellm/gsm8k \
-        --data mmlu-pro=mmlu-pro/ --output-dir out/
+        --data mmlu-pro=mmlu-pro/ --output-dir out/ [--sample routellm/mmlu=3000]
 
 Each matrix: the routing-value benchmark with the probability head alone (fitted on each training fold,
 k-fold only), then LiteLLM's classifier on the same held-out rows (bench.litellm_autorouter). Writes
@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM's price map from its wheel, offline
 
 
@@ -29,6 +31,13 @@ def named_folder(text: str) -> tuple[str, Path]:
     if not separator or not name or not folder:
         raise argparse.ArgumentTypeError(f"give NAME=FOLDER (an imported folder), got {text!r}")
     return name, Path(folder)
+
+
+def named_count(text: str) -> tuple[str, int]:
+    name, _, count = text.partition("=")
+    if not name or not count.isdigit() or int(count) < 10:
+        raise argparse.ArgumentTypeError(f"give NAME=N (N >= 10 rows), got {text!r}")
+    return name, int(count)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=named_folder, action="append", required=True, metavar="NAME=FOLDER")
     parser.add_argument("--calls", action="append", default=[], metavar="NAME", help="a matrix whose cost counts calls")
+    parser.add_argument(
+        "--sample", type=named_count, action="append", default=[], metavar="NAME=N", help="a seeded sample of N rows"
+    )
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
@@ -59,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, folder in args.data:
             started = time.perf_counter()
             matrix = read_imported_folder(folder, name=name)
+            if name in dict(args.sample):  # the rows kept in their order, so that the folds are drawn alike
+                keep = np.random.default_rng(args.seed).choice(len(matrix), dict(args.sample)[name], replace=False)
+                matrix = matrix.rows(np.sort(keep))
             if name in args.calls:
                 matrix.cost_unit = "strong calls per 1,000 queries"
             config = ValueConfig(
