@@ -6,6 +6,7 @@
     feedback   feedback on journaled answers, and the journal's state in /healthz and the metrics
     journal    the traffic journal's writer; journal_reading its reader
     gateway    the OpenAI-compatible gateway: forwarding a request to the picked agent
+    call_plan  a gateway call's plan (the agents it tries) and its journal line
     replica    what a replica holds: the router, loaded in the background, and the batch merger
     service    starting and stopping it: serve()
     service_settings  its settings, checked before Ray starts

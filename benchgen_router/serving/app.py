@@ -25,6 +25,7 @@ from ray import serve as ray_serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from benchgen_router.errors import InputError, RouterError, first_line
+from benchgen_router.serving.call_plan import Journaled, Plan, routed_plan
 from benchgen_router.serving.feedback import (
     FEEDBACK_MAX_BYTES,
     JournalMetrics,
@@ -38,8 +39,6 @@ from benchgen_router.serving.gateway import (
     Gateway,
     GatewayError,
     GatewaySettings,
-    Journaled,
-    Plan,
     chosen_tradeoff,
     model_entry,
     model_names,
@@ -47,7 +46,6 @@ from benchgen_router.serving.gateway import (
     openai_error,
     parse_chat_body,
     parse_model,
-    routed_plan,
     routing_text,
 )
 from benchgen_router.serving.logs import quiet_repeated_warnings

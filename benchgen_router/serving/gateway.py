@@ -7,8 +7,8 @@ to that agent's upstream, and the answer with the decision in its headers.
     {"model": "<agent id or slug>", "messages": [...]}     passed straight to that agent, unrouted
 
 The routes themselves are the service's deployment's (serving/app.py), which relays in the process that scores.
-One upstream call's exchange is serving/upstream_call.py's; masking the pool's keys in what is relayed,
-serving/redaction.py's.
+A call's plan (the agents it tries) and its journal line are serving/call_plan.py's; one upstream call's
+exchange is serving/upstream_call.py's; masking the pool's keys in what is relayed, serving/redaction.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 import time
 import unicodedata
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from benchgen_router.errors import InputError, setting_error
 from benchgen_router.files import text_problem
+from benchgen_router.serving.call_plan import Journaled, Plan
 from benchgen_router.serving.call_usage import (
     CallUsage,
     GatewayMetrics,
@@ -318,91 +319,6 @@ def model_names(points: Sequence[str], agents: Sequence[str]) -> list[str]:
 def model_entry(name: str, created: int) -> dict[str, Any]:
     owner = ROUTER_MODEL if name.split(":", 1)[0] == ROUTER_MODEL else "pool"
     return {"id": name, "object": "model", "created": created, "owned_by": owner}
-
-
-# ---------------------------------------------------------------------------------------------
-# Which agents a call tries, and what its answer says
-
-
-def retry_agent(result: Mapping[str, Any], configured: str | None, router_fallback: str | None) -> str | None:
-    """The agent a failed routed call is retried on: the configured fallback, else the router's fallback
-    agent for the point, else the head's next choice; never the agent that just failed."""
-    picked = result["picked_agent"]
-    for agent in (configured, router_fallback):
-        if agent is not None and agent != picked:
-            return agent
-    scores = result["probabilities"]
-    return next((agent for agent in sorted(scores, key=scores.get, reverse=True) if agent != picked), None)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A chat completion's calls: the agents to try, in order, and the headers that tell the decision."""
-
-    attempts: tuple[Upstream, ...]
-    routed: bool
-    decision: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def kind(self) -> str:
-        return "routed" if self.routed else "passthrough"
-
-    def headers(self, answered: Upstream) -> dict[str, str]:
-        headers = {"x-benchgen-agent": answered.agent, "x-benchgen-routed": str(self.routed).lower(), **self.decision}
-        if answered is not self.attempts[0]:
-            headers["x-benchgen-retried-from"] = self.attempts[0].agent
-        return headers
-
-
-@dataclass
-class Journaled:
-    """One gateway request's journal line, filled in as the request is answered, and written once."""
-
-    request_id: str
-    model: str
-    text: str | None  # what the router scored (a pass-through: what it would score), None without user text
-    text_cut: bool  # whether `text` was cut to ROUTING_TEXT_MAX_CHARS
-    stream: bool
-    decision: dict[str, Any] = field(default_factory=dict)  # a routed request's: the router's result
-    agent: str | None = None  # the agent being called, then the one that answered
-    retried_from: str | None = None
-    first_byte_s: float | None = None
-    written: bool = False
-
-    def entry(self, status: int, usage: CallUsage | None, total_s: float | None) -> dict[str, Any]:
-        usage = usage or CallUsage()
-        return {
-            "request_id": self.request_id,
-            "model": self.model,
-            "operating_point": self.decision.get("operating_point"),
-            "tradeoff": self.decision.get("tradeoff"),
-            "agent": self.agent,
-            "head_pick": self.decision.get("head_pick") or self.decision.get("picked_agent"),
-            "out_of_distribution": self.decision.get("out_of_distribution"),
-            "guard_score": self.decision.get("ood_score"),
-            "retried_from": self.retried_from,
-            "status": status,
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "cost_usd": usage.cost_usd,
-            "first_byte_s": None if self.first_byte_s is None else round(self.first_byte_s, 6),
-            "total_s": None if total_s is None else round(total_s, 6),
-            "stream": self.stream,
-        }
-
-
-def routed_plan(
-    result: Mapping[str, Any], upstreams: UpstreamPool, configured: str | None, router_fallback: str | None
-) -> Plan:
-    picked = upstreams.upstreams[result["picked_agent"]]
-    retry = retry_agent(result, configured, router_fallback)
-    decision = {"x-benchgen-out-of-distribution": "true" if result.get("out_of_distribution") else "false"}
-    if result.get("operating_point") is not None:
-        decision["x-benchgen-operating-point"] = result["operating_point"]
-    if result.get("tradeoff") is not None:  # a probability head: the rule it decided under
-        decision["x-benchgen-tradeoff"] = result["tradeoff"]
-    attempts = (picked,) if retry is None else (picked, upstreams.upstreams[retry])
-    return Plan(attempts=attempts, routed=True, decision=decision)
 
 
 # ---------------------------------------------------------------------------------------------
