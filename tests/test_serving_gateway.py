@@ -48,19 +48,17 @@ pytest_plugins = ["upstream_server"]
 
 from benchgen_router.errors import InputError  # noqa: E402
 from benchgen_router.serving.app import RouterService, api  # noqa: E402
+from benchgen_router.serving.call_plan import routed_plan  # noqa: E402
 from benchgen_router.serving.gateway import (  # noqa: E402
     ROUTE_ON,
     ROUTING_TEXT_MAX_CHARS,
     Gateway,
     GatewayError,
     GatewaySettings,
-    Plan,
     Target,
     chosen_tradeoff,
     names_upstreams,
     parse_model,
-    retry_agent,
-    routed_plan,
     routing_text,
 )
 from benchgen_router.serving.service_settings import read_gateway  # noqa: E402
@@ -183,27 +181,6 @@ def test_a_message_without_visible_text_is_skipped_like_an_image(invisible):
     for route_on in ROUTE_ON:
         nothing = gateway_error(routing_text, [{"role": "user", "content": invisible}] * 2, route_on)
         assert (nothing.status, nothing.param) == (400, "messages") and "\n" not in str(nothing)
-
-
-def test_a_failed_call_is_retried_on_the_fallback_and_never_on_the_agent_that_failed():
-    result = {"picked_agent": "alpha", "probabilities": {"alpha": 0.7, "beta": 0.3}}
-    assert retry_agent(result, "beta", None) == "beta"  # --gateway-fallback
-    assert retry_agent(result, None, "beta") == "beta"  # the router's fallback agent for the point
-    assert retry_agent(result, None, None) == "beta"  # the head's next choice
-    assert retry_agent(result, "alpha", "alpha") == "beta"  # the fallback is the agent that failed
-    assert retry_agent({"picked_agent": "alpha", "probabilities": {"alpha": 1.0}}, None, None) is None
-    flagged = {**result, "operating_point": "fast", "out_of_distribution": True, "head_pick": "beta"}
-    plan = routed_plan(flagged, POOL, None, None)
-    assert [up.agent for up in plan.attempts] == ["alpha", "beta"]
-    assert plan.headers(plan.attempts[0]) == {
-        "x-benchgen-agent": "alpha",
-        "x-benchgen-routed": "true",
-        "x-benchgen-out-of-distribution": "true",
-        "x-benchgen-operating-point": "fast",
-    }
-    assert plan.headers(plan.attempts[1])["x-benchgen-retried-from"] == "alpha"
-    passthrough = Plan(attempts=(POOL.upstreams["beta"],), routed=False)
-    assert passthrough.headers(POOL.upstreams["beta"]) == {"x-benchgen-agent": "beta", "x-benchgen-routed": "false"}
 
 
 def forward_over(answers: list, payload: dict | None = None) -> tuple[object, list[httpx.Request]]:
@@ -343,6 +320,12 @@ def test_serve_run_passes_the_gateway_settings_to_the_ingress(tmp_path):
         app_builder({"pool": str(pool), "gateway_fallback": "nobody"})
     plain = app_builder({})  # no pool: no gateway, the service as before
     assert plain._bound_deployment.init_kwargs["gateway"] is None
+    journaled = {"pool": str(pool), "journal": str(tmp_path / "journal")}
+    application = app_builder({**journaled, "journal_max_bytes": "64MiB", "journal_max_days": "7"})
+    retention = application._bound_deployment.init_kwargs["gateway"].journal_retention
+    assert (retention.max_bytes, retention.max_days) == (64 << 20, 7.0)
+    with pytest.raises(InputError, match="journal_max_bytes='64MB' is not a size"):
+        app_builder({**journaled, "journal_max_bytes": "64MB"})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from test_serving_gateway_hostile import (
 from benchgen_router.errors import InputError
 from benchgen_router.serving.feedback import FEEDBACK_MAX_COMMENT_CHARS
 from benchgen_router.serving.gateway import ROUTING_TEXT_MAX_CHARS, GatewaySettings
-from benchgen_router.serving.journal import FEEDBACK_PER_REQUEST
+from benchgen_router.serving.journal import FEEDBACK_PER_REQUEST, Retention
 from benchgen_router.serving.journal_reading import read_journal
 from helpers import make_queries
 from upstream_server import MisbehavingUpstream, Scripted
@@ -320,6 +320,32 @@ def test_route_stays_fast_while_a_passed_through_body_is_checked_for_its_journal
     assert answer.status_code == 200, answer.text  # passed through: nothing to route on is no refusal
     print(f"checked alone in {alone_s:.2f} s; /v1/route beside it: max {1000 * max(routes):.0f} ms over {len(routes)}")
     assert alone_s > 0.2 and max(routes) < alone_s / 3, (alone_s, routes)
+
+
+def test_a_service_keeps_its_journal_within_the_budget_it_was_given(router_dir, upstream, tmp_path):
+    """GatewaySettings(journal_retention=...), as serve(journal_max_bytes=...) hands it to each replica: 40 calls
+    (about 22 kB of lines) to a journal given 8 KiB keep the calls' 6 KiB share, the newest calls, and /healthz
+    counts the files removed; with the default 1 GiB nothing would be removed."""
+    upstream.script = by_kind
+    retention = Retention(max_bytes=8192)
+    settings = GatewaySettings(pool_of(upstream.base_url), journal=str(tmp_path), journal_retention=retention)
+    with AppServer(make_service(router_dir, settings)) as app:
+        ids = []
+        for query in QUERIES:
+            body = {"model": "alpha", "messages": [{"role": "user", "content": query}]}
+            ids.append(post(app, "/v1/chat/completions", body).headers["x-benchgen-request-id"])
+        deadline, kept = time.monotonic() + 30, []
+        while ids[-1] not in kept and time.monotonic() < deadline:
+            time.sleep(0.1)  # written by the journal's thread
+            kept = [call["request_id"] for call in read_journal(tmp_path).calls]
+        with httpx.Client(timeout=30, trust_env=False) as http:
+            health = http.get(f"{app.url}/healthz").json()["journal"]
+        app.stop_replica()  # the journal closed: every line written
+    calls_bytes = sum(path.stat().st_size for path in tmp_path.glob("calls-*.jsonl"))
+    assert calls_bytes <= retention.budget("calls") == 6144
+    kept = [call["request_id"] for call in read_journal(tmp_path).calls]
+    assert 0 < len(kept) < len(ids) and kept == ids[-len(kept) :]  # the newest calls, every one of them
+    assert health["files_removed"] >= len(ids) - len(kept) - 1 > 0  # the writer's own file is never removed
 
 
 def test_feedback_without_a_journal_is_a_404_saying_how_to_get_one(services):

@@ -28,6 +28,9 @@ from benchgen_router.serving.journal import (
     Retention,
     TrafficJournal,
     check_journal_folder,
+    parse_max_bytes,
+    parse_max_days,
+    service_retention,
 )
 from benchgen_router.serving.journal_reading import read_journal
 
@@ -361,11 +364,26 @@ def test_files_older_than_the_days_kept_are_removed_but_never_a_live_writers(tmp
 
 def test_retention_settings_out_of_range_are_one_line():
     for bad in (0, 1023, 2.5, True):
-        with pytest.raises(InputError, match="max_bytes must be a whole number >= 1024"):
+        with pytest.raises(InputError, match="max_bytes must be a whole number >= 1024") as refused:
             Retention(max_bytes=bad)
+        assert "--journal-max-bytes must be" in refused.value.for_command_line()
     for bad in (0, -1, float("inf"), float("nan"), "30"):
-        with pytest.raises(InputError, match="max_days must be a number of days > 0"):
+        with pytest.raises(InputError, match="max_days must be a number of days > 0") as refused:
             Retention(max_days=bad)
+        assert "--journal-max-days must be" in refused.value.for_command_line()
+
+
+def test_a_size_and_days_of_retention_are_read_as_a_person_writes_them():
+    sizes = {"1073741824": 1 << 30, "512M": 512 << 20, "512MiB": 512 << 20, "1.5GiB": 3 << 29, " 64 kib ": 64 << 10}
+    assert {text: parse_max_bytes(text) for text in sizes} == sizes
+    assert service_retention(None, None) == Retention() == Retention(1 << 30, 30)  # None: the default
+    assert service_retention(parse_max_bytes("8K"), parse_max_days("0.5")) == Retention(8192, 0.5)
+    for bad in ("1GB", "-1", "1e9", "lots", "", "1 G B"):
+        with pytest.raises(InputError, match="is not a size; pass a number of bytes") as refused:
+            parse_max_bytes(bad)
+        assert refused.value.for_command_line().startswith(f"--journal-max-bytes {bad} is not a size")
+    with pytest.raises(InputError, match="journal_max_days='soon' is not a number of days"):
+        parse_max_days("soon")
 
 
 def test_a_text_is_marked_cut_when_the_caller_or_the_journal_cut_it(tmp_path):

@@ -28,7 +28,8 @@ is the agent's, with x-benchgen-* headers (agent, operating point, cost). GET /v
 A call that fails (timeout, connection, 429, 5xx) is retried once on --gateway-fallback, then answered 502.
 With --journal DIR, every gateway call is journaled there (the routed text as a salted hash, unless
 --journal-text), each answer carries x-benchgen-request-id, and POST /v1/feedback {"request_id": ...,
-"score": 0..1} records a client's rating beside its call.
+"score": 0..1} records a client's rating beside its call. The folder keeps at most --journal-max-bytes
+(1 GiB) and nothing older than --journal-max-days (30).
 """
 
 from __future__ import annotations
@@ -134,6 +135,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="store the routed text itself in the journal, not only its hash: prompts are users' data",
     )
+    gateway.add_argument(
+        "--journal-max-bytes",
+        metavar="SIZE",
+        help="the most the journal's folder keeps, calls three quarters and feedback one quarter, the oldest files "
+        "removed first: bytes, or with K, M, G or T, binary (512M, 1GiB; default: 1G)",
+    )
+    gateway.add_argument(
+        "--journal-max-days",
+        metavar="DAYS",
+        help="how long the journal keeps a file after its last line: prompts are users' data (default: 30)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,9 +155,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}.")
     if args.pool is not None and not args.pool.is_file():
         raise InputError(f"pool file not found: {args.pool}")
-    if args.journal is not None:  # before Ray starts: a journal that could never be written is a usage error
-        from benchgen_router.serving.journal import check_journal_folder
+    # Before Ray is imported: a journal that could not be kept as asked, or never written, is a usage error in
+    # a second (its folder is created only once its retention is known to be good).
+    from benchgen_router.serving.journal import check_journal_folder, parse_max_bytes, parse_max_days, service_retention
 
+    journal_max_bytes = None if args.journal_max_bytes is None else parse_max_bytes(args.journal_max_bytes)
+    journal_max_days = None if args.journal_max_days is None else parse_max_days(args.journal_max_days)
+    service_retention(journal_max_bytes, journal_max_days)
+    if args.journal is not None:
         check_journal_folder(args.journal)
     if args.model is not None:  # before Ray starts: a missing folder is a usage error in a second, not a minute
         from benchgen_router.loading import check_router_source
@@ -182,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
         gateway_max_response_bytes=args.gateway_max_response_bytes,
         journal=args.journal,
         journal_text=args.journal_text,
+        journal_max_bytes=journal_max_bytes,
+        journal_max_days=journal_max_days,
         throughput_mode=args.throughput_mode,
     )
     return 0

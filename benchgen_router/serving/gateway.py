@@ -21,7 +21,7 @@ import os
 import time
 import unicodedata
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from benchgen_router.serving.call_usage import (
     body_usage,
     cost_headers,
 )
-from benchgen_router.serving.journal import TrafficJournal
+from benchgen_router.serving.journal import Retention, TrafficJournal
 from benchgen_router.serving.redaction import KeyRedactor, StreamRedactor, key_redactor
 from benchgen_router.serving.upstream_call import (
     ResponseTooLarge,
@@ -111,6 +111,7 @@ class GatewaySettings:
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     journal: str | None = None  # a folder: every call journaled there (serving/journal.py)
     journal_text: bool = False  # the routed text stored too, not only its salted hash
+    journal_retention: Retention = field(default_factory=Retention)  # what the folder keeps, in bytes and days
 
 
 def names_upstreams(document: Any) -> bool:
@@ -187,18 +188,18 @@ def parse_model(name: Any, upstreams: UpstreamPool, points: Sequence[str]) -> Ta
 def chosen_tradeoff(target: Target, payload: Mapping[str, Any]) -> str | None:
     """The trade-off a routed request asks for: from its model name or its "tradeoff" field (both only
     when they agree); its spelling is checked against the router afterwards."""
-    field = payload.get("tradeoff")
-    if field is not None and not isinstance(field, str):
+    in_body = payload.get("tradeoff")
+    if in_body is not None and not isinstance(in_body, str):
         raise GatewayError(
-            400, f'"tradeoff" is {type(field).__name__}, not a rule; send e.g. "budget=0.3".', param="tradeoff"
+            400, f'"tradeoff" is {type(in_body).__name__}, not a rule; send e.g. "budget=0.3".', param="tradeoff"
         )
-    if field is not None and target.tradeoff is not None and field != target.tradeoff:
+    if in_body is not None and target.tradeoff is not None and in_body != target.tradeoff:
         raise GatewayError(
             400,
-            f'the model name asks for the trade-off {target.tradeoff!r} and "tradeoff" for {field!r}; send one.',
+            f'the model name asks for the trade-off {target.tradeoff!r} and "tradeoff" for {in_body!r}; send one.',
             param="tradeoff",
         )
-    return target.tradeoff if target.tradeoff is not None else field
+    return target.tradeoff if target.tradeoff is not None else in_body
 
 
 def content_text(content: Any) -> str:
@@ -333,9 +334,10 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.http: httpx.AsyncClient | None = None
         logging.getLogger("httpx").setLevel(logging.WARNING)  # else a log line per upstream call
-        self.journal = (
-            TrafficJournal(Path(settings.journal), keep_text=settings.journal_text) if settings.journal else None
-        )
+        self.journal: TrafficJournal | None = None
+        if settings.journal:
+            retention = settings.journal_retention
+            self.journal = TrafficJournal(Path(settings.journal), keep_text=settings.journal_text, retention=retention)
         self.journal_failures_counted = 0
 
     def journaled(self, payload: Mapping[str, Any], routed: RoutingText | None) -> Journaled | None:

@@ -62,7 +62,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchgen_router.errors import InputError, setting_error
+from benchgen_router.errors import setting_error
 
 logger = logging.getLogger("benchgen_router.serving.journal")
 
@@ -78,6 +78,8 @@ QUEUE_LIMIT = 100_000  # lines waiting for the disk; beyond it lines are dropped
 # prompts stored with their text are users' data, not to be kept without end.
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_DAYS = 30.0
+RETENTION_FLAGS = {"max_bytes": "--journal-max-bytes", "max_days": "--journal-max-days"}  # the command line's
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 FEEDBACK_SHARE = 0.25  # of max_bytes; calls keep the rest
 MIN_MAX_BYTES = 1024  # a budget of a few lines: less would keep nothing
 MAX_FILE_BYTES = 64 << 20
@@ -179,9 +181,14 @@ class Retention:
     def __post_init__(self) -> None:
         size, days = self.max_bytes, self.max_days
         if isinstance(size, bool) or not isinstance(size, int) or size < MIN_MAX_BYTES:
-            raise InputError(f"journal retention: max_bytes must be a whole number >= {MIN_MAX_BYTES}, got {size!r}.")
+            raise setting_error(
+                f"journal retention: {{max_bytes}} must be a whole number >= {MIN_MAX_BYTES}, got {size!r}.",
+                RETENTION_FLAGS,
+            )
         if isinstance(days, bool) or not isinstance(days, int | float) or not (math.isfinite(days) and days > 0):
-            raise InputError(f"journal retention: max_days must be a number of days > 0, got {days!r}.")
+            raise setting_error(
+                f"journal retention: {{max_days}} must be a number of days > 0, got {days!r}.", RETENTION_FLAGS
+            )
 
     def budget(self, kind: str) -> int:
         feedback = int(self.max_bytes * FEEDBACK_SHARE)
@@ -189,6 +196,35 @@ class Retention:
 
     def file_bytes(self, kind: str) -> int:
         return max(1, min(MAX_FILE_BYTES, self.budget(kind) // FILES_PER_BUDGET))
+
+
+def service_retention(max_bytes: int | None, max_days: float | None) -> Retention:
+    """The retention a service's settings ask for, each left as None taking its default; one line when out
+    of range."""
+    return Retention(
+        DEFAULT_MAX_BYTES if max_bytes is None else max_bytes, DEFAULT_MAX_DAYS if max_days is None else max_days
+    )
+
+
+def parse_max_bytes(text: str) -> int:
+    """A retention's bytes as a person writes them: 1073741824, 512M, 512MiB, 1.5GiB (K, M, G and T are
+    binary, as MiB and GiB); 1GB is refused rather than guessed at (a thousand or 1024 cubed)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(?:([KMGT])(?:iB)?)?\s*", text, re.IGNORECASE)
+    if match is None:
+        raise setting_error(
+            f"{{journal_max_bytes={text}}} is not a size; pass a number of bytes, or one with K, M, G or T, which are "
+            "binary (512M or 512MiB, 1G or 1GiB)."
+        )
+    number, unit = match.groups()
+    return int(float(number) * SIZE_UNITS[(unit or "").upper()])
+
+
+def parse_max_days(text: str) -> float:
+    """A retention's days as a person writes them: 30, 0.5."""
+    try:
+        return float(text)
+    except ValueError:
+        raise setting_error(f"{{journal_max_days={text}}} is not a number of days; pass one, e.g. 30 or 0.5.") from None
 
 
 def _held_by_a_writer(path: Path) -> bool:

@@ -38,6 +38,7 @@ from benchgen_router.serving.gateway import DEFAULT_MAX_REQUEST_BYTES as GATEWAY
 from benchgen_router.serving.gateway import DEFAULT_MAX_RESPONSE_BYTES as GATEWAY_MAX_RESPONSE_BYTES
 from benchgen_router.serving.gateway import DEFAULT_TIMEOUT_S as GATEWAY_TIMEOUT_S
 from benchgen_router.serving.gateway import GatewaySettings
+from benchgen_router.serving.journal import parse_max_bytes, parse_max_days
 from benchgen_router.serving.local_ray import LocalRay, new_local_ray, own_process_groups, stop_local_ray
 from benchgen_router.serving.replica import DEFAULT_MAX_BATCH_SIZE, DEFAULT_REPLICA_CPUS
 from benchgen_router.serving.service_settings import (
@@ -211,6 +212,8 @@ def app_builder(args: dict[str, str]) -> Any:
         "gateway_max_response_bytes",
         "journal",
         "journal_text",
+        "journal_max_bytes",
+        "journal_max_days",
     )
     known = {"model", "revision", "backbone", "pool", "operating_point", *numbers, *integers, *gateway_keys}
     unknown = sorted(set(args) - known)
@@ -221,6 +224,10 @@ def app_builder(args: dict[str, str]) -> Any:
         if settings["journal_text"] not in ("true", "false"):
             raise InputError(f"journal_text must be true or false, got {settings['journal_text']!r}.")
         settings["journal_text"] = settings["journal_text"] == "true"
+    if "journal_max_bytes" in settings:  # a size as the command line takes it: 1073741824, 512MiB
+        settings["journal_max_bytes"] = parse_max_bytes(settings["journal_max_bytes"])
+    if "journal_max_days" in settings:
+        settings["journal_max_days"] = parse_max_days(settings["journal_max_days"])
     for key in settings:
         if key in integers or key in numbers:
             try:
@@ -262,6 +269,8 @@ def serve(
     gateway_max_response_bytes: int = GATEWAY_MAX_RESPONSE_BYTES,
     journal: str | os.PathLike | None = None,
     journal_text: bool = False,
+    journal_max_bytes: int | None = None,
+    journal_max_days: float | None = None,
     throughput_mode: bool | None = None,
 ) -> RunningService | None:
     """Serve the router over HTTP on host:port (arguments and lifecycle: docs/service.md). Settings are
@@ -281,6 +290,8 @@ def serve(
         gateway_max_response_bytes,
         journal,
         journal_text,
+        journal_max_bytes,
+        journal_max_days,
     )
     local = not address and not ray.is_initialized()
     mode, mode_fallback = choose_mode(throughput_mode, joins_running_ray=not local)

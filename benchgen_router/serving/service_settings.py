@@ -17,6 +17,7 @@ from benchgen_router.serving.gateway import DEFAULT_MAX_REQUEST_BYTES as GATEWAY
 from benchgen_router.serving.gateway import DEFAULT_MAX_RESPONSE_BYTES as GATEWAY_MAX_RESPONSE_BYTES
 from benchgen_router.serving.gateway import DEFAULT_TIMEOUT_S as GATEWAY_TIMEOUT_S
 from benchgen_router.serving.gateway import GatewaySettings, check_gateway_settings, names_upstreams
+from benchgen_router.serving.journal import service_retention
 from benchgen_router.upstreams import read_upstream_pool
 
 RAY_CONNECT_TIMEOUT_S = 10.0
@@ -105,11 +106,18 @@ def read_gateway(
     gateway_max_response_bytes: int = GATEWAY_MAX_RESPONSE_BYTES,
     journal: str | os.PathLike | None = None,
     journal_text: bool = False,
+    journal_max_bytes: int | None = None,
+    journal_max_days: float | None = None,
 ) -> GatewaySettings | None:
     """The gateway's settings when the pool file names upstreams, every problem of the file at once (one
-    line each); None when it names none: the service then has no gateway."""
-    if journal_text and journal is None:
-        raise setting_error("{journal_text} needs {journal}, the folder to journal to.")
+    line each); None when it names none: the service then has no gateway. The journal's retention left as
+    None takes its default (serving/journal.py)."""
+    journal_settings = {"journal_text": journal_text or None, "journal_max_bytes": journal_max_bytes,
+                        "journal_max_days": journal_max_days}  # fmt: skip
+    for name, value in journal_settings.items():
+        if value is not None and journal is None:
+            raise setting_error(f"{{{name}}} needs {{journal}}, the folder to journal to.")
+    retention = service_retention(journal_max_bytes, journal_max_days)
     if pool_file is None or not names_upstreams(read_pool_rows(pool_file)):
         for name, value in (("gateway_fallback", gateway_fallback), ("journal", journal)):
             if value is not None:
@@ -128,6 +136,7 @@ def read_gateway(
         gateway_max_response_bytes,
         journal=journal_folder(journal),
         journal_text=journal_text,
+        journal_retention=retention,
     )
 
 
