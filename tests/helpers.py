@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -399,3 +400,23 @@ def route_pilot_prompts(form: str = "formatted", router: tuple | None = None) ->
     routed = route_queries(model, tokenizer, in_form([task["prompt"] for task in tasks], form), batch_size=32)
     picks = {task["task_id"]: model.config.id2label[int(i)] for task, i in zip(tasks, routed.picks, strict=True)}
     return picks, routed
+
+
+def weak_and_strong(weak_right: np.ndarray, seed: int = 0, names: Sequence[str] = ()) -> Any:
+    """A two-agent OutcomeMatrix: a free weak agent right where `weak_right` (a probability per row) says, a
+    strong one (one call each) right on 90% of rows; `names` the prompts (default: "q<i>")."""
+    from benchgen_router.bench.value import OutcomeMatrix
+
+    rng = np.random.default_rng(seed)
+    rows = len(weak_right)
+    rewards = np.stack([rng.random(rows) < weak_right, rng.random(rows) < 0.9], axis=1).astype(float)
+    prompts = list(names) or [f"q{i}" for i in range(rows)]
+    cost = np.tile([0.0, 1000.0], (rows, 1))
+    return OutcomeMatrix(
+        "two", ["weak", "strong"], [f"t{i}" for i in range(rows)], prompts, ["g"] * rows, rewards, cost
+    )
+
+
+def mean_apgr(result: Any, router: str) -> float:
+    """A router's APGR (RouteLLM's), mean over the result's folds."""
+    return float(np.mean([fold.gap["figures"][router]["apgr"] for fold in result.folds]))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchgen_router.bench.value.run import group_assignments
-from helpers import SHARED, cli
+from helpers import SHARED, cli, make_queries
 
 ROUTELLM = SHARED / "routellm-evals"
 MMLU = ROUTELLM / "mmlu"
@@ -76,7 +76,7 @@ def test_a_folder_without_the_imported_files_is_one_line(tmp_path, capsys):
         "(what `benchgen-router import` writes)."
     ]
     assert cli("bench", "value", "--data", tmp_path, "--output-dir", out, "--routers", "svm") == 2
-    assert "choose from probability, cmaes, knn, lookup, mf" in capsys.readouterr().err
+    assert "choose from probability, cmaes, knn, lookup, mf, layers, stats, knn-stack" in capsys.readouterr().err
 
 
 def test_group_folds_keep_each_group_in_one_fold():
@@ -85,3 +85,35 @@ def test_group_folds_keep_each_group_in_one_fold():
     for group in set(groups):
         assert len({folds[i] for i, g in enumerate(groups) if g == group}) == 1
     assert set(folds) == {0, 1}
+
+
+def test_the_command_computes_what_the_feature_routers_read(tmp_path, backbone_dir, capsys):
+    """The probability head beside its three widenings, on a matrix imported as users import theirs: the
+    command embeds the layer means (cached beside the embeddings) and the statistics, and every router's
+    curves and RouteLLM figures come back."""
+    prompts = make_queries(60, seed=9)
+    rng = np.random.default_rng(9)
+    rows = [
+        {"prompt": prompt, "model": model, "correct": int(rng.random() < chance), "task_group": f"g{i % 3}"}
+        for i, prompt in enumerate(prompts)
+        for model, chance in (("weak", 0.3 + 0.6 * (len(prompt) > 60)), ("strong", 0.9))
+    ]
+    long = tmp_path / "outcomes.csv"
+    with open(long, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    data, out, cache = tmp_path / "data", tmp_path / "out", tmp_path / "cache"
+    costs = ["--call-cost", "weak=0", "--call-cost", "strong=1", "--call-cost-unit", "calls"]
+    assert cli("import", "--long", long, *costs, "--output-dir", data) == 0
+    out.mkdir()
+    args = ["--data", data, "--output-dir", out, "--folds", "2", "--repeats", "1", "--group-folds", "0"]
+    args += ["--routers", "probability,layers,stats,knn-stack", "--backbone", backbone_dir, "--cache-dir", cache]
+    capsys.readouterr()
+    assert cli("bench", "value", *args, "--no-progress") == 0
+    assert "probability head, layer means, lambda swept" in capsys.readouterr().out
+    stored = json.loads((out / "value.json").read_text())
+    for fold in stored["folds"]:
+        for router in ("probability", "layers", "stats", "knn-stack"):
+            assert f"{router}/lambda" in fold["curves"] and router in fold["routellm"]["figures"]
+    assert len(list(cache.glob("*.npy"))) == 2  # the embeddings and the layer means, each cached once

@@ -4,11 +4,13 @@
         --drop-incomplete --output-dir mmlu-pro/
     benchgen-router bench value --data mmlu-pro/ --output-dir out/
     benchgen-router bench value --data mmlu-pro/ --output-dir out/ --repeats 1 --routers probability,knn   # quicker
+    benchgen-router bench value --data mmlu-pro/ --output-dir out/ --routers probability,layers,stats,knn-stack
 
 Reads the folder `import` (or `collect`) writes: tasks.jsonl (prompt, task_group), rewards.jsonl and
 calls.jsonl (each call's cost). Every router (the probability head and kNN, matrix factorisation and the
-per-category lookup, each swept by the lambda and tolerance rules; the CMA-ES heads over a cost sweep) is
-fitted on the training rows of each fold and scored on its held-out rows, over k-fold x repeats and
+per-category lookup, each swept by the lambda and tolerance rules; the CMA-ES heads over a cost sweep; on
+request the probability head over richer frozen features: per-layer means, query statistics, its neighbours'
+outcomes) is fitted on the training rows of each fold and scored on its held-out rows, over k-fold x repeats and
 leave-groups-out (the task groups dealt into folds), beside each single model, RouterBench's zero router
 and the oracle. Figures, mean ± std over folds: the least share of the reference's cost (the single model
 best on the training rows) at which a router matches its accuracy, the best accuracy, RouterBench's AIQ;
@@ -25,7 +27,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchgen_router.bench.value.routers import DEFAULT_KNN_K, ROUTERS
+from benchgen_router.bench.value.routers import DEFAULT_KNN_K, DEFAULT_ROUTERS, ROUTERS
 from benchgen_router.bench.value.run import DEFAULT_BACKBONE, DEFAULT_BUDGETS, DEFAULT_COST_WEIGHTS, RULES
 from benchgen_router.cli.common import EXIT_CODES_HELP, EXIT_OK, positive_int
 
@@ -79,7 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--repeats", type=positive_int, default=3, help="k-fold repeats (default: %(default)s)")
     add("--group-folds", type=_count, default=5, help="leave-groups-out folds, 0 for none (default: %(default)s)")
     add("--seed", type=int, default=0, help="seed of the folds and the fits (default: %(default)s)")
-    add("--routers", type=_names(ROUTERS), default=ROUTERS, help=f"of {', '.join(ROUTERS)} (default: all)")
+    add(
+        "--routers",
+        type=_names(ROUTERS),
+        default=DEFAULT_ROUTERS,
+        help=f"of {', '.join(ROUTERS)} (default: {', '.join(DEFAULT_ROUTERS)}; layers, stats and knn-stack widen "
+        "the probability head with frozen features, layers after an embedding pass of its own)",
+    )
     add("--rules", type=_names(RULES), default=RULES, help="rules the probability routers are swept by")
     add(
         "--cost-weights",
@@ -103,6 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from benchgen_router.bench.value import ValueConfig, read_imported_folder, run_value_benchmark
+    from benchgen_router.bench.value.features import compute_features
     from benchgen_router.bench.value.report import format_result, plot_gap, plot_result, result_to_dict
     from benchgen_router.errors import InputError
     from benchgen_router.files import atomic_output
@@ -126,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         progress=not args.no_progress,
     )
-    result = run_value_benchmark(matrix, config)
+    features = compute_features(config.routers, matrix.prompts, config)  # what the chosen routers read
+    result = run_value_benchmark(matrix, config, features=features)
     tables = format_result(result)
     print(tables)
     with atomic_output(args.output_dir / "value.json") as handle:

@@ -1,6 +1,6 @@
 """The routers a routing-value benchmark compares, each fitted on one fold's training rows only.
 
-Four of them predict, per query and agent, the probability that the agent answers correctly, and are then
+Seven of them predict, per query and agent, the probability that the agent answers correctly, and are then
 swept by the probability head's own decision rules (tradeoffs.decide), so that they differ only in what
 they predict:
 - `probability`: the probability head (training.probability: a logistic regression per agent);
@@ -10,26 +10,42 @@ they predict:
 - `lookup`: each agent's accuracy on the training queries of the query's group (the per-category table);
   with whole groups held out it has no row of a held-out group to use, and is left out of those folds.
 
-The fifth, `cmaes`, is the release's method: one CMA-ES head per cost weight w, searched on the utility
+- three probability heads over widened frozen features, each in a module of its own (not run by default:
+  `layers` needs its own embedding pass): `layers` (layers.py: a combination of the backbone's per-layer
+  means), `stats` (query_stats.py: the query's own statistics) and `knn-stack` (knn_stack.py: the nearest
+  training queries' outcomes per agent, stacked).
+
+The last, `cmaes`, is the release's method: one CMA-ES head per cost weight w, searched on the utility
 R - w * C (C in the matrix's cost per 1,000 queries), its points the heads' picks.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-PROBABILITY_ROUTERS = ("probability", "mf", "knn", "lookup")
-ROUTERS = ("probability", "cmaes", "knn", "lookup", "mf")
+PROBABILITY_ROUTERS = ("probability", "mf", "knn", "lookup", "layers", "stats", "knn-stack")
+DEFAULT_ROUTERS = ("probability", "cmaes", "knn", "lookup", "mf")
+ROUTERS = (*DEFAULT_ROUTERS, "layers", "stats", "knn-stack")
 ROUTER_NAMES = {
     "probability": "probability head",
     "cmaes": "CMA-ES heads, cost sweep",
     "knn": "kNN",
     "lookup": "per-category lookup",
     "mf": "matrix factorisation",
+    "layers": "probability head, layer means",
+    "stats": "probability head, + query statistics",
+    "knn-stack": "probability head, + kNN outcomes",
+}
+# The routers over widened frozen features: (module of this package, its fitting function).
+FEATURE_ROUTERS = {
+    "layers": ("layers", "fit_layers"),
+    "stats": ("query_stats", "fit_stats"),
+    "knn-stack": ("knn_stack", "fit_knn_stack"),
 }
 DEFAULT_KNN_K = 20
 
@@ -63,6 +79,9 @@ class Fitted:
 
 def fit_and_predict(name: str, train: Fold, test: Fold, settings: dict[str, Any]) -> Fitted:
     """Fit router `name` on `train` and apply it to `test`."""
+    if name in FEATURE_ROUTERS:
+        module, function = FEATURE_ROUTERS[name]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), function)(train, test, settings)
     return {
         "probability": _probability,
         "mf": _matrix_factorisation,

@@ -20,7 +20,7 @@ import numpy as np
 
 from benchgen_router.bench.value import metrics
 from benchgen_router.bench.value.data import OutcomeMatrix
-from benchgen_router.bench.value.routers import DEFAULT_KNN_K, ROUTERS, Fold, fit_and_predict
+from benchgen_router.bench.value.routers import DEFAULT_KNN_K, DEFAULT_ROUTERS, ROUTERS, Fold, fit_and_predict
 from benchgen_router.errors import InputError
 
 DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"  # the default router's, installed with the package
@@ -44,7 +44,7 @@ class ValueConfig:
     repeats: int = 3
     group_folds: int = 5  # leave-groups-out folds (0: none; needs task groups)
     seed: int = 0
-    routers: tuple[str, ...] = ROUTERS
+    routers: tuple[str, ...] = DEFAULT_ROUTERS
     rules: tuple[str, ...] = RULES
     cost_weights: tuple[float, ...] = DEFAULT_COST_WEIGHTS
     lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
