@@ -119,8 +119,7 @@ def embed_prompts(
     last chunk is done, so a run stopped by Ctrl-C resumes where it stopped."""
     from benchgen_router.routing import run_router
 
-    if not isinstance(chunk_prompts, int) or isinstance(chunk_prompts, bool) or chunk_prompts < 1:
-        raise ValueError(f"chunk_prompts must be a positive integer, got {chunk_prompts!r}")
+    _check_chunk_prompts(chunk_prompts)
     text_config = load_backbone_config(backbone, revision)
     effective = effective_truncation_length(text_config, truncation_length)
     cache_file = _cache_file(cache_dir, backbone, revision, text_config, dtype, effective, device, prompts, "last")
@@ -153,6 +152,12 @@ def embed_prompts(
     )
     _keep(vectors, cache_file, partial)
     return Embeddings(vectors, effective, cache_file, False)
+
+
+def _check_chunk_prompts(chunk_prompts: Any) -> None:
+    """Before any work: a chunk is a positive whole number of prompts."""
+    if not isinstance(chunk_prompts, int) or isinstance(chunk_prompts, bool) or chunk_prompts < 1:
+        raise ValueError(f"chunk_prompts must be a positive integer, got {chunk_prompts!r}")
 
 
 def _cache_file(
@@ -219,8 +224,7 @@ def embed_layer_means(
     (RouterModel, the same tokenization and truncation). The last layer's mean is embed_prompts' embedding.
     Batches are padded (never packed: packed rows return no per-layer states). Cached and resumable as
     embed_prompts, under a key that also says "layers"; the cache file holds (prompts, (layers + 1) * D)."""
-    if not isinstance(chunk_prompts, int) or isinstance(chunk_prompts, bool) or chunk_prompts < 1:
-        raise ValueError(f"chunk_prompts must be a positive integer, got {chunk_prompts!r}")
+    _check_chunk_prompts(chunk_prompts)
     text_config = load_backbone_config(backbone, revision)
     effective = effective_truncation_length(text_config, truncation_length)
     states, dim = text_config.num_hidden_layers + 1, text_config.hidden_size
