@@ -107,6 +107,35 @@ def build_backbone(
     return folder
 
 
+def build_bag_of_tokens(folder: Path, tokenizer_dir: Path) -> Path:
+    """A tiny Qwen3 backbone whose layers write nothing into the residual stream (their output projections
+    are zero): its frozen embedding is the mean of the token embeddings, the same for any order of the tokens."""
+    import torch
+    from transformers import AutoModel
+
+    build_backbone(folder, tokenizer_dir)
+    model = AutoModel.from_pretrained(folder)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    model.save_pretrained(folder)
+    return folder
+
+
+def order_task() -> tuple[list[str], np.ndarray]:
+    """(prompts, rewards of two agents): "<verb> prime <subject>" and "<verb> <subject> prime" for every verb
+    and subject, the same tokens in two orders; the first agent answers when "prime" comes first, the second
+    otherwise. Only a backbone that sees the order can route them (build_bag_of_tokens' cannot)."""
+    prompts, leads = [], []
+    for verb in VERBS:
+        for subject in (s for s in SUBJECTS if s != "prime"):
+            prompts += [f"{verb} prime {subject}", f"{verb} {subject} prime"]
+            leads += [1.0, 0.0]
+    first = np.array(leads)
+    return prompts, np.stack([first, 1 - first], axis=1)
+
+
 def write_release(
     folder: Path,
     embedding_dim: int,

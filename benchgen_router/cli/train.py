@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_data_arguments(parser.add_argument_group("data"))
     add_backbone_arguments(parser.add_argument_group("backbone and head"))
+    add_finetune_arguments(parser.add_argument_group("fine-tuning the backbone (--head-kind probability)"))
     add_search_arguments(parser.add_argument_group("search (separable CMA-ES)"))
     add_cost_and_latency_arguments(parser.add_argument_group("cost and latency"))
     add_query_forms_arguments(parser.add_argument_group("query forms"))
@@ -125,6 +126,52 @@ def add_backbone_arguments(model: argparse._ArgumentGroup) -> None:
         "--cache-dir", type=Path, help="embedding cache folder (default: ~/.cache/benchgen-router/embeddings)"
     )
     model.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
+
+
+def add_finetune_arguments(tune: argparse._ArgumentGroup) -> None:
+    tune.add_argument(
+        "--finetune",
+        action="store_true",
+        help="train the backbone with the probability head on each agent's binary cross-entropy, from the frozen "
+        "head's fit, early-stopped on held-out training rows; the trained backbone goes into --export's "
+        "model.safetensors (docs/training.md)",
+    )
+    tune.add_argument(
+        "--finetune-epochs",
+        type=positive_int,
+        default=DEFAULTS["finetune_epochs"],
+        help="most epochs (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--finetune-layers",
+        type=positive_int,
+        metavar="N",
+        help="train only the top N layers, over the lower layers' outputs computed once per prompt (default: all)",
+    )
+    tune.add_argument(
+        "--finetune-learning-rate",
+        type=float,
+        default=DEFAULTS["finetune_learning_rate"],
+        help="AdamW's learning rate, decayed linearly to 0 over the epochs (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--finetune-batch-size",
+        type=positive_int,
+        default=DEFAULTS["finetune_batch_size"],
+        help="prompts per step, in length-sorted batches (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--finetune-patience",
+        type=positive_int,
+        default=DEFAULTS["finetune_patience"],
+        help="epochs without a better validation loss before stopping (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--finetune-validation-share",
+        type=float,
+        default=DEFAULTS["finetune_validation_share"],
+        help="share of the training rows held out for early stopping (default: %(default)s)",
+    )
 
 
 def add_search_arguments(search: argparse._ArgumentGroup) -> None:

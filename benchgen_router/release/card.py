@@ -235,6 +235,7 @@ def render_card(
         "base_model_line": f"base_model: {json.dumps(backbone)}" if _HUB_ID.match(backbone) else "",
         "title": " ".join((report.model_id or "BenchGen Router Lite").split()),  # one line, whatever it holds
         "backbone": backbone,
+        "backbone_state": "fine-tuned" if "finetune" in report.extra else "frozen",  # train --finetune
         "embedding_dim": config.embedding_dim,
         "n_agents": len(agents),
         "head_kind": head_kind,

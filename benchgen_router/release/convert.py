@@ -270,6 +270,12 @@ def read_release(
 ) -> Release:
     """A trainer release's files, each validated (see the module docstring), as one Release."""
     manifest = read_manifest(manifest_path)
+    if manifest.get("finetune"):  # its head fits the trained backbone, which only the exported folder holds
+        raise InputError(
+            f"{manifest_path} is a head trained with its backbone (train --finetune): its router is the folder "
+            "that run exported, whose model.safetensors carries the trained backbone; converting would pair the "
+            "head with the untrained one."
+        )
     agents = manifest["agent_order"]
     dim, hidden = manifest["embedding_dim"], manifest["head_hidden_dim"]
     theta = load_theta(Path(weights_path), head_param_count(dim, len(agents), hidden), manifest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -48,6 +49,14 @@ class TrainConfig:
     allow_emulated_bf16: bool = False
     cache_dir: Path | None = None
     no_cache: bool = False
+    # fine-tuning the backbone with a probability head (training/finetune.py)
+    finetune: bool = False
+    finetune_epochs: int = 3
+    finetune_layers: int | None = None  # top layers trained; None: every layer
+    finetune_learning_rate: float = 3e-5
+    finetune_batch_size: int = 32
+    finetune_patience: int = 1
+    finetune_validation_share: float = 0.1
     # search
     sigma0: float = 0.5
     generations: int = 60
@@ -84,8 +93,55 @@ class TrainConfig:
         self.output_dir = Path(self.output_dir)
         self.backbone_id = self.backbone_id or self.backbone
 
+    def finetune_settings(self) -> FinetuneSettings:
+        """The fine-tuning settings of this run, seeded by `seed`."""
+        return FinetuneSettings(**{name: getattr(self, f"finetune_{name}") for name in FINETUNE_FIELDS}, seed=self.seed)
+
 
 OPTION_FLAGS = {"operating_points": "--operating-point"}
+FINETUNE_FIELDS = ("epochs", "layers", "learning_rate", "batch_size", "patience", "validation_share")
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """`epochs`: the most epochs run; `layers`: how many top layers train (None: every layer, the token
+    embeddings included); `learning_rate`: AdamW's, decayed linearly to 0 over the epoch budget;
+    `batch_size`: prompts per step; `patience`: epochs without a better validation loss before stopping;
+    `validation_share`: the training rows held out for early stopping; `seed`: the split, the batch order
+    and dropout."""
+
+    epochs: int = 3
+    layers: int | None = None
+    learning_rate: float = 3e-5
+    batch_size: int = 32
+    patience: int = 1
+    validation_share: float = 0.1
+    seed: int = 0
+
+
+def check_finetune_settings(settings: FinetuneSettings) -> None:
+    """One line for a setting no run can use, named as `train`'s flags (`finetune_` + the field)."""
+
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not (whole(settings.epochs) and settings.epochs >= 1):
+        raise setting_error(f"{{finetune_epochs}} must be a whole number >= 1, got {settings.epochs!r}.")
+    if settings.layers is not None and not (whole(settings.layers) and settings.layers >= 1):
+        raise setting_error(
+            f"{{finetune_layers}} must be a whole number >= 1 (top layers trained), got {settings.layers!r}; "
+            "leave it unset to train every layer."
+        )
+    rate = settings.learning_rate
+    if not (isinstance(rate, int | float) and not isinstance(rate, bool) and 0 < rate < 1 and math.isfinite(rate)):
+        raise setting_error(f"{{finetune_learning_rate}} must lie strictly between 0 and 1 (e.g. 3e-5), got {rate!r}.")
+    if not (whole(settings.batch_size) and settings.batch_size >= 1):
+        raise setting_error(f"{{finetune_batch_size}} must be a whole number >= 1, got {settings.batch_size!r}.")
+    if not (whole(settings.patience) and settings.patience >= 1):
+        raise setting_error(f"{{finetune_patience}} must be a whole number >= 1, got {settings.patience!r}.")
+    share = settings.validation_share
+    if not (isinstance(share, int | float) and not isinstance(share, bool) and 0 < share <= 0.5):
+        raise setting_error(f"{{finetune_validation_share}} must lie in (0, 0.5] (e.g. 0.1), got {share!r}.")
 
 
 def check_config(config: TrainConfig) -> None:
@@ -108,6 +164,7 @@ def check_config(config: TrainConfig) -> None:
             "{head_kind=probability} is one linear layer whose trade-off is chosen per request: drop "
             "{head_hidden_dim} and {operating_points}."
         )
+    check_finetune(config)
     check_search_settings(config.sigma0, config.generations, config.seed, config.popsize, config.cma_library)
     if not 0.0 < config.ood_keep_share < 1.0:
         raise refuse(f"{{ood_keep_share}} must lie strictly between 0 and 1, got {config.ood_keep_share}.")
@@ -120,6 +177,30 @@ def check_config(config: TrainConfig) -> None:
         if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
             raise refuse(f"{{{name}}} {folder} is a file; pass a folder.")
     check_point_settings(config)
+
+
+def check_finetune(config: TrainConfig) -> None:
+    """--finetune's settings: with a probability head, in float32, into an exported router folder."""
+    if not config.finetune:
+        defaults = train_defaults()
+        given = [
+            f"finetune_{name}"
+            for name in FINETUNE_FIELDS
+            if getattr(config, f"finetune_{name}") != defaults[f"finetune_{name}"]
+        ]
+        if given:
+            raise setting_error(f"{{{given[0]}}} sets how the backbone is fine-tuned: pass {{finetune}} with it.")
+        return
+    if config.head_kind != "probability":
+        raise setting_error("{finetune} trains the backbone with the probability head: pass {head_kind=probability}.")
+    if config.dtype != "float32":
+        raise setting_error(f"{{finetune}} trains in float32: drop {{dtype={config.dtype}}}.")
+    if config.export is None:
+        raise setting_error(
+            "{finetune} writes the trained backbone into the router folder only: pass {export=DIR} (the run folder "
+            "keeps the head and the record)."
+        )
+    check_finetune_settings(config.finetune_settings())
 
 
 def check_point_settings(config: TrainConfig) -> None:

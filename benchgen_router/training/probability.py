@@ -63,13 +63,20 @@ def fit_probability_head(
     if not (np.isfinite(x).all() and np.isfinite(y).all()) or y.min() < 0 or y.max() > 1:
         raise ValueError("embeddings must be finite and correct must lie in [0, 1].")
     # Standardised features condition the search; the scaling is folded back into the layer afterwards.
-    mean, scale = x.mean(axis=0), x.std(axis=0)
-    scale[scale < 1e-12] = 1.0
+    mean, scale = feature_scaling(x)
     z = torch.from_numpy((x - mean) / scale)
     targets = torch.from_numpy(y)
     folds = np.random.default_rng(seed).permutation(len(x)) % min(INNER_FOLDS, len(x))
     with one_thread():
         return _fit_with_inner_cv(z, targets, folds, strengths, mean, scale)
+
+
+def feature_scaling(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, scale) of each feature over the rows: the head is fitted on (x - mean) / scale; a constant
+    feature keeps scale 1."""
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    scale[scale < 1e-12] = 1.0
+    return mean, scale
 
 
 def _fit_with_inner_cv(
@@ -178,8 +185,14 @@ def train_probability(config: Any) -> Any:
     on the training rows, calibrate the budget rules on them, measure calibration (Brier, ECE, reliability)
     and the default rule's picks on the held-out rows, and write the run folder (and with `export`, the
     Hub folder) in the same formats as a CMA-ES run. Rewards (in [0, 1]) are the labels; costs come from
-    --calls/--pool, else one unit a call. No guard or operating points: the trade-off is chosen per request."""
+    --calls/--pool, else one unit a call. No guard or operating points: the trade-off is chosen per request.
+    With `finetune`, the backbone trains with the head (training/finetune.py)."""
     import time
+
+    if config.finetune:
+        from benchgen_router.training.finetune import train_finetuned
+
+        return train_finetuned(config)
 
     from benchgen_router.forms import QUERY_FORMATS
     from benchgen_router.manifest import make_manifest
@@ -305,4 +318,8 @@ def probability_summary(report: Any) -> str:
         + ", ".join(f"{agent} Brier {row['brier']:.4f}" for agent, row in calibration["agents"].items()),
         *reliability_lines(calibration),
     ]
+    if "finetune" in report.extra:
+        from benchgen_router.training.finetune import finetune_summary
+
+        lines.append(finetune_summary(report.extra["finetune"]))
     return "\n".join(lines)

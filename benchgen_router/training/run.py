@@ -38,6 +38,7 @@ class TrainResult:
     report: TrainingReport
     manifest: dict[str, Any]
     head: Any  # training.SearchResult of the default head
+    finetuned: Any = None  # a --finetune run's training.finetune.Finetuned: the trained model and its states
 
 
 def train(config: TrainConfig) -> TrainResult:
