@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
+from benchgen_router.bench.value.finetuned import BENCH_SETTINGS
 from benchgen_router.bench.value.routers import DEFAULT_KNN_K, DEFAULT_ROUTERS, ROUTERS
 from benchgen_router.bench.value.run import DEFAULT_BACKBONE, DEFAULT_BUDGETS, DEFAULT_COST_WEIGHTS, RULES
 from benchgen_router.cli.common import EXIT_CODES_HELP, EXIT_OK, positive_int
@@ -105,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--generations", type=positive_int, help="CMA-ES generations (default: the release search's)")
     add("--cmaes-splits", type=positive_int, help="fit CMA-ES on the first N folds of each kind only (time)")
     add("--backbone", default=DEFAULT_BACKBONE, help="embedding backbone (default: the default router's)")
+    tune = BENCH_SETTINGS
+    add("--finetune-epochs", type=positive_int, help=f"finetuned: most epochs per fold (default: {tune.epochs})")
+    add("--finetune-layers", type=positive_int, help=f"finetuned: top layers trained (default: {tune.layers})")
+    add(
+        "--finetune-learning-rate", type=float, help=f"finetuned: AdamW's learning rate (default: {tune.learning_rate})"
+    )
     add("--cache-dir", type=Path, help="embedding cache folder (default: the package's)")
     add("--no-progress", action="store_true", help="no progress bars")
 
@@ -132,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         search={} if args.generations is None else {"generations": args.generations},
         cmaes_splits=args.cmaes_splits,
         backbone=args.backbone,
+        finetune=finetune_settings(args),
         cache_dir=args.cache_dir,
         progress=not args.no_progress,
     )
@@ -147,3 +156,19 @@ def run(args: argparse.Namespace) -> int:
     if len(result.agents) == 2:
         plot_gap(result, args.output_dir / "value-gap.png")
     return EXIT_OK
+
+
+def finetune_settings(args: argparse.Namespace) -> Any:
+    """The finetuned router's settings: its defaults (bench.value.finetuned.BENCH_SETTINGS) with the flags given."""
+    from dataclasses import replace
+
+    from benchgen_router.training.config import check_finetune_settings
+
+    given = {
+        "epochs": args.finetune_epochs,
+        "layers": args.finetune_layers,
+        "learning_rate": args.finetune_learning_rate,
+    }
+    settings = replace(BENCH_SETTINGS, **{key: value for key, value in given.items() if value is not None})
+    check_finetune_settings(settings)
+    return settings

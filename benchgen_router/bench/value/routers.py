@@ -1,6 +1,6 @@
 """The routers a routing-value benchmark compares, each fitted on one fold's training rows only.
 
-Seven of them predict, per query and agent, the probability that the agent answers correctly, and are then
+Eight of them predict, per query and agent, the probability that the agent answers correctly, and are then
 swept by the probability head's own decision rules (tradeoffs.decide), so that they differ only in what
 they predict:
 - `probability`: the probability head (training.probability: a logistic regression per agent);
@@ -13,7 +13,9 @@ they predict:
 - three probability heads over widened frozen features, each in a module of its own (not run by default:
   `layers` needs its own embedding pass): `layers` (layers.py: a combination of the backbone's per-layer
   means), `stats` (query_stats.py: the query's own statistics) and `knn-stack` (knn_stack.py: the nearest
-  training queries' outcomes per agent, stacked).
+  training queries' outcomes per agent, stacked);
+- `finetuned` (finetuned.py, not run by default: it trains a transformer layer per fold): the probability head
+  trained together with the backbone's top layers on the fold's training rows.
 
 The last, `cmaes`, is the release's method: one CMA-ES head per cost weight w, searched on the utility
 R - w * C (C in the matrix's cost per 1,000 queries), its points the heads' picks.
@@ -28,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-PROBABILITY_ROUTERS = ("probability", "mf", "knn", "lookup", "layers", "stats", "knn-stack")
+PROBABILITY_ROUTERS = ("probability", "mf", "knn", "lookup", "layers", "stats", "knn-stack", "finetuned")
 DEFAULT_ROUTERS = ("probability", "cmaes", "knn", "lookup", "mf")
-ROUTERS = (*DEFAULT_ROUTERS, "layers", "stats", "knn-stack")
+ROUTERS = (*DEFAULT_ROUTERS, "layers", "stats", "knn-stack", "finetuned")
 ROUTER_NAMES = {
     "probability": "probability head",
     "cmaes": "CMA-ES heads, cost sweep",
@@ -40,12 +42,14 @@ ROUTER_NAMES = {
     "layers": "probability head, layer means",
     "stats": "probability head, + query statistics",
     "knn-stack": "probability head, + kNN outcomes",
+    "finetuned": "probability head, fine-tuned backbone",
 }
-# The routers over widened frozen features: (module of this package, its fitting function).
+# The routers in modules of their own: (module of this package, its fitting function).
 FEATURE_ROUTERS = {
     "layers": ("layers", "fit_layers"),
     "stats": ("query_stats", "fit_stats"),
     "knn-stack": ("knn_stack", "fit_knn_stack"),
+    "finetuned": ("finetuned", "fit_finetuned"),
 }
 DEFAULT_KNN_K = 20
 

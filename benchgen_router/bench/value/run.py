@@ -55,6 +55,7 @@ class ValueConfig:
     cmaes_splits: int | None = None  # fit CMA-ES on the first this many folds of each kind only (time)
     num_results: int = 10  # RouteLLM's threshold bins, for two-agent pools
     backbone: str = DEFAULT_BACKBONE
+    finetune: Any = None  # the finetuned router's training.config.FinetuneSettings (None: finetuned.BENCH_SETTINGS)
     cache_dir: Path | None = None  # embedding cache (None: the package's)
     progress: bool = True
 
@@ -188,6 +189,8 @@ def _run_fold(
         "knn_k": config.knn_k,
         "search": config.search,
         "cost_weights": [weight / scale for weight in config.cost_weights],
+        "backbone": config.backbone,  # what the finetuned router trains
+        "finetune": config.finetune,
     }
     singles = metrics.single_models(test.rewards, test.cost_per_1k)
     curves: dict[str, metrics.Points] = {"zero router": singles}
