@@ -41,10 +41,9 @@ def ask(router: Router, text: str | list, *, model: str = "chat", stream: bool =
     """(the answer's text, the request's metadata after the call, the answer's hidden params)."""
 
     async def call() -> tuple:
-        content = text
-        sent = dict(metadata)
+        sent = dict(metadata)  # LiteLLM writes into it: a fresh dict per call
         response = await router.acompletion(
-            model=model, messages=[{"role": "user", "content": content}], stream=stream, metadata=sent
+            model=model, messages=[{"role": "user", "content": text}], stream=stream, metadata=sent
         )
         if stream:
             words = "".join([chunk.choices[0].delta.content or "" async for chunk in response])
