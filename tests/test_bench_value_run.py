@@ -114,3 +114,16 @@ def test_bad_settings_are_one_line():
     )
     with pytest.raises(InputError, match="group_folds=0"):
         run_value_benchmark(ungrouped, ValueConfig(progress=False), lambda p: embeddings)
+
+
+def test_a_stored_result_renders_the_same_tables_and_its_curves(result, tmp_path):
+    """value.json is enough to render the tables and the curves again, without running the folds."""
+    import json
+
+    from benchgen_router.bench.value.report import plot_result, result_from_dict
+
+    stored = json.loads(json.dumps(result_to_dict(result)))
+    again = result_from_dict(stored)
+    assert format_result(again) == format_result(result)
+    plot_result(again, tmp_path / "value.png")
+    assert (tmp_path / "value.png").read_bytes()[:4] == b"\x89PNG"

@@ -230,29 +230,38 @@ def plot_curve_panels(
     ylabel: str,
     title: str = "",
     log_x: bool = False,
+    columns: int | None = None,
+    limits: Sequence[tuple[float, float, float, float] | None] | None = None,
 ) -> None:
-    """Curves, one panel per (title, lines, marks) side by side: lines named "random" or "zero router" in
-    gray dashes, "oracle" dotted in black, each other its own colour, except that "NAME, ..." lines share
-    NAME's colour and take a line style each; marks are labelled points (single models), the label shown
-    when it is not empty."""
+    """Curves, one panel per (title, lines, marks), `columns` to a row (default: all in one row): lines named
+    "random" or "zero router" in gray dashes, "oracle" dotted in black, each other its own colour, except
+    that "NAME, ..." lines share NAME's colour and take a line style each; marks are labelled points (single
+    models), the label shown when it is not empty. `limits` (x0, x1, y0, y1) zooms a panel (None: whole)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: the plots are only written to files
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5.5), dpi=110, squeeze=False)
-    for ax, (panel_title, lines, marks) in zip(axes[0], panels, strict=True):
-        routers = iter(("tab:blue", "tab:orange", "tab:purple", "tab:red", "tab:brown", "tab:pink", "tab:olive"))
-        colors: dict[str, Any] = {}
-        styles: dict[str, Any] = {}
+    columns = columns or len(panels)
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 5.5 * rows), dpi=110, squeeze=False)
+    # a router keeps its colour (and a variant its style) across the panels
+    routers = iter(("tab:blue", "tab:orange", "tab:purple", "tab:red", "tab:brown", "tab:pink", "tab:olive"))
+    colors: dict[str, Any] = {}
+    styles: dict[str, Any] = {}
+    for index, (panel_title, lines, marks) in enumerate(panels):
+        ax = axes[index // columns][index % columns]
         for label, xs, ys in lines:
             style, color = {"random": ("--", "gray"), "zero router": ("--", "gray"), "oracle": (":", "black")}.get(
                 label, (None, None)
             )
             if color is None:  # a router: one colour per name before the comma, one style per variant after it
                 family, _, variant = label.partition(", ")
-                color = colors.setdefault(family, next(routers, None))
-                style = styles.setdefault(variant, ("-", "-.", (0, (5, 1)), (0, (1, 1)))[len(styles) % 4])
+                if family not in colors:
+                    colors[family] = next(routers, None)
+                if variant not in styles:
+                    styles[variant] = ("-", "-.", (0, (5, 1)), (0, (1, 1)))[len(styles) % 4]
+                color, style = colors[family], styles[variant]
             ax.plot(xs, ys, linestyle=style, color=color, lw=1.4, label=label)
         if marks:
             ax.plot([x for _, x, _ in marks], [y for _, _, y in marks], "D", color="black", ms=3, label="single model")
@@ -260,12 +269,21 @@ def plot_curve_panels(
                 if label:
                     ax.annotate(label, (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points")
         if log_x:
+            from matplotlib.ticker import NullFormatter
+
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # labels at every minor tick of a zoom overlap
+        if limits and limits[index]:
+            x0, x1, y0, y1 = limits[index]
+            ax.set_xlim(x0, x1)
+            ax.set_ylim(y0, y1)
         ax.set_title(panel_title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
+    for index in range(len(panels), rows * columns):  # an odd panel count leaves one cell empty
+        axes[index // columns][index % columns].axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from benchgen_router.bench.value.routers import ROUTER_NAMES
-from benchgen_router.bench.value.run import FoldResult, ValueResult
+from benchgen_router.bench.value.run import FoldResult, ValueConfig, ValueResult
 from benchgen_router.frontier.pareto import frontier_value, reachable_frontier
 
 KINDS = ("k-fold", "groups-out")
@@ -235,32 +235,76 @@ def mean_curve(folds: Sequence[FoldResult], key: str, grid: np.ndarray) -> np.nd
 
 
 def plot_result(result: ValueResult, png: str | Path, labelled: int = 4) -> None:
-    """Accuracy against cost per 1,000 queries (log scale), one panel per split kind: each curve's mean
-    held-out hull, the zero router dashed, the oracle dotted, each single model a point (the `labelled`
-    most accurate named)."""
+    """Accuracy against cost per 1,000 queries (log scale), a column per split kind: each curve's mean held-out
+    hull, the zero router dashed, the oracle dotted, each single model a point (the `labelled` most accurate
+    named); below, the same zoomed on the routers, from the reference's accuracy less 0.08 up."""
     from benchgen_router.frontier.plots import plot_curve_panels
 
     everything = np.array([cost for fold in result.folds for cost, _ in fold.singles.values()])
     grid = np.geomspace(max(everything.min(), 1e-12) * 0.8, everything.max(), 200)
-    panels = []
+    panels, zooms = [], []
     for kind in KINDS:
         folds = [fold for fold in result.folds if fold.kind == kind]
         if not folds:
             continue
-        lines = [
-            (curve_name(key), grid, curve)
-            for key in _curve_keys(folds)
-            if (curve := mean_curve(folds, key, grid)) is not None
-        ]
+        keys = [key for key in _curve_keys(folds) if any(key in fold.curves for fold in folds)]
+        curves = {key: mean_curve(folds, key, grid) for key in keys}
+        lines = [(curve_name(key), grid, curve) for key, curve in curves.items()]
         means = {
             agent: (np.mean([f.singles[agent][0] for f in folds]), np.mean([f.singles[agent][1] for f in folds]))
             for agent in result.agents
         }
         named = sorted(means, key=lambda agent: -means[agent][1])[:labelled]
         marks = [(agent if agent in named else "", *means[agent]) for agent in result.agents]
-        panels.append((f"{result.matrix}, {kind} ({len(folds)} folds)", lines, marks))
+        title = f"{result.matrix}, {kind} ({len(folds)} folds)"
+        panels.append((title, lines, marks))
+        reference = float(np.mean([fold.reference_point[1] for fold in folds]))
+        top = max(float(np.nanmax(curve)) for key, curve in curves.items() if key != "oracle")
+        cheapest_named = min(means[agent][0] for agent in named)
+        zooms.append(
+            ((f"{title}, zoomed", lines, marks), (cheapest_named * 0.7, grid[-1], reference - 0.08, top + 0.015))
+        )
     plot_curve_panels(
-        panels, png, f"{result.cost_unit} (log scale)", "accuracy (held out, mean over folds)", log_x=True
+        panels + [panel for panel, _ in zooms],
+        png,
+        f"{result.cost_unit} (log scale)",
+        "accuracy (held out, mean over folds)",
+        log_x=True,
+        columns=len(panels),
+        limits=[None] * len(panels) + [limit for _, limit in zooms],
+    )
+
+
+def result_from_dict(record: dict[str, Any]) -> ValueResult:
+    """A result as result_to_dict stored it (value.json), to render its tables and curves again."""
+    from benchgen_router.bench.value.metrics import CurveFigures
+
+    settings = {key: tuple(value) if isinstance(value, list) else value for key, value in record["settings"].items()}
+    folds = [
+        FoldResult(
+            kind=fold["kind"],
+            repeat=fold["repeat"],
+            fold=fold["fold"],
+            rows=fold["rows"],
+            reference=fold["reference"],
+            reference_point=tuple(fold["reference_point"]),
+            singles={agent: tuple(point) for agent, point in fold["singles"].items()},
+            curves={key: [tuple(point) for point in points] for key, points in fold["curves"].items()},
+            figures={
+                key: CurveFigures(value["share_at_reference"], value["best_accuracy"], value["aiq"])
+                for key, value in fold["figures"].items()
+            },
+            window=tuple(fold["window"]),
+            notes=fold["notes"],
+            budgets=fold["budgets"],
+            seconds=fold["seconds"],
+            gap=fold.get("routellm", {}),
+        )
+        for fold in record["folds"]
+    ]
+    config = ValueConfig(**settings)
+    return ValueResult(
+        record["matrix"], record["agents"], record["rows"], record["cost_unit"], config, folds, record["seconds"]
     )
 
 
