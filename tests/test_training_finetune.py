@@ -19,9 +19,14 @@ from benchgen_router.hardware import one_thread
 from benchgen_router.loading import backbone_router
 from benchgen_router.routing import run_router
 from benchgen_router.training.config import FinetuneSettings, TrainConfig, check_config, check_finetune_settings
-from benchgen_router.training.finetune import finetune_probability, first_trained_layer, tokenized_prompts
+from benchgen_router.training.finetune import (
+    StandardisedHead,
+    finetune_probability,
+    first_trained_layer,
+    tokenized_prompts,
+)
 from benchgen_router.training.finetune_states import LayerStack, LowerStates
-from benchgen_router.training.probability import fit_probability_head
+from benchgen_router.training.probability import feature_scaling, fit_probability_head
 from helpers import build_bag_of_tokens, order_task, run_in_process, write_jsonl
 
 AGENTS = ["prime_first", "prime_second"]
@@ -260,3 +265,23 @@ def test_the_command_says_one_line(tmp_path) -> None:
     assert result.stderr.strip() == (
         "error: --finetune trains the backbone with the probability head: pass --head-kind probability."
     )
+
+
+def test_a_near_constant_feature_goes_into_the_bias_before_training() -> None:
+    """A feature constant over the fit rows to 1e-9 gets a huge weight from the frozen fit at no cost; trained,
+    the backbone's least change to it would swamp the logits. The trained head starts without it, the same
+    logits on the rows."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 6)).astype(np.float32)
+    x[:, 2] = 1e-9 * rng.normal(size=300)
+    x = x.astype(np.float64)
+    y = (rng.random((300, 2)) < 1 / (1 + np.exp(-x[:, :2]))).astype(float)
+    frozen = fit_probability_head(x, y, seed=0)
+    mean, scale = feature_scaling(x)
+    head = StandardisedHead(frozen, mean, scale)
+    assert head.weight[:, 2].abs().max() == 0 and head.scale.min() > 0.05
+    start = torch.sigmoid(head(torch.from_numpy(x.astype(np.float32)))).detach().numpy()
+    assert np.abs(frozen.weight[:, 2]).max() > 1e4  # what the frozen fit gave it
+    # the logits lose only that feature's standardised term, small where the fit's penalty kept it small
+    np.testing.assert_allclose(start, frozen.predict(x), atol=0.01)
+    np.testing.assert_allclose(head.folded(frozen.strengths).predict(x), start, atol=1e-5)

@@ -36,6 +36,7 @@ from benchgen_router.training.probability import ProbabilityHead, feature_scalin
 logger = logging.getLogger("benchgen_router")
 
 GRADIENT_CLIP = 1.0  # the usual bound for fine-tuning a transformer: one odd batch cannot undo an epoch
+SCALE_FLOOR = 0.1  # the least feature scale of the trained head, as a share of the median feature's
 
 
 def first_trained_layer(router: Any, layers: int | None) -> int:
@@ -96,12 +97,22 @@ class Finetuned:
 
 class StandardisedHead(torch.nn.Module):
     """The probability head as its fit sees it: logits = ((e - mean) / scale) @ W.T + b over the frozen fit
-    rows' feature scaling (fixed), with each agent's L2 strength (the fit's objective), so that a learning
-    rate means the same for every feature; `folded()` is the plain linear layer the router serves with."""
+    rows' feature scaling (fixed, floored), with each agent's L2 strength (the fit's objective), so that a
+    learning rate means the same for every feature; `folded()` is the plain linear layer the router serves
+    with."""
 
     def __init__(self, head: ProbabilityHead, mean: np.ndarray, scale: np.ndarray) -> None:
         super().__init__()
-        weight, bias = head.weight.astype(np.float64), head.bias.astype(np.float64)
+        weight, bias = head.weight.astype(np.float64).copy(), head.bias.astype(np.float64).copy()
+        # A feature nearly constant over the fit rows (all-MiniLM-L6-v2 has one, std 1e-9) can carry a huge
+        # weight that costs nothing while it stays constant; the trained backbone's smallest change to it (dropout
+        # alone) would then swamp the logits. Its weight goes into the bias at its mean, and it trains from 0 at
+        # a floored scale.
+        floor = SCALE_FLOOR * np.median(scale)
+        constant = scale < floor
+        bias += weight[:, constant] @ mean[constant]
+        weight[:, constant] = 0.0
+        scale = np.maximum(scale, floor)
         self.weight = torch.nn.Parameter(torch.from_numpy((weight * scale).astype(np.float32)))
         self.bias = torch.nn.Parameter(torch.from_numpy((bias + weight @ mean).astype(np.float32)))
         self.register_buffer("mean", torch.from_numpy(mean.astype(np.float32)))
@@ -296,14 +307,12 @@ def train_finetuned(config: Any) -> Any:
 
     from benchgen_router.forms import QUERY_FORMATS
     from benchgen_router.loading import backbone_router
-    from benchgen_router.manifest import make_manifest
     from benchgen_router.model_code import canonical_query
-    from benchgen_router.release.convert import Release, write_release
+    from benchgen_router.release.convert import write_release
     from benchgen_router.release.folder import check_output_folder
-    from benchgen_router.tradeoffs import tradeoff_calibration
     from benchgen_router.training.config import check_config
-    from benchgen_router.training.probability import expected_costs_per_1k, probability_report
-    from benchgen_router.training.run import TrainResult, backbone_embedder, read_training_data, write_run
+    from benchgen_router.training.probability import FittedRun, write_probability_run
+    from benchgen_router.training.run import TrainResult, backbone_embedder, read_training_data
 
     check_config(config)
     check_output_folder(config.export, overwrite=False)
@@ -331,31 +340,8 @@ def train_finetuned(config: Any) -> Any:
     )
     timings["finetune_seconds"] = tuned.seconds["training"]
     embeddings = tuned.embeddings(np.arange(len(prompts)))
-    head = tuned.head
-    costs = expected_costs_per_1k(None if cost_data is None else cost_data.cost_per_1k[~test], len(data.agents))
-    calibration = tradeoff_calibration(head.predict(embeddings[~test]), np.asarray(costs), data.agents)
-    report = probability_report(config, data, test, how, head, embeddings, costs, embedded.truncation_length, timings)
-    report.extra["finetune"] = tuned.record()
-    settings_keys = {"head_kind": "probability", "agent_costs_per_1k": costs, "tradeoff_calibration": calibration}
-    manifest = make_manifest(
-        agent_order=data.agents,
-        embedding_dim=int(embeddings.shape[1]),
-        head_hidden_dim=0,
-        **({"query_format": rules} if rules else {}),
-        **{key: value for key, value in report.to_dict().items() if key not in ("probability_head", "finetune")},
-    )
-    manifest.update(settings_keys, probability_head=report.extra["probability_head"], finetune=tuned.record())
-    write_run(config.output_dir, manifest, head.theta())
-    release = Release(
-        agents=data.agents,
-        embedding_dim=int(embeddings.shape[1]),
-        head_hidden_dim=0,
-        head=head.theta(),
-        report=report,
-        truncation_length=embedded.truncation_length,
-        query_format=rules or None,
-        **settings_keys,
-    )
+    fitted = FittedRun(data, test, how, cost_data, tuned.head, embeddings, embedded.truncation_length, timings)
+    report, manifest, release = write_probability_run(config, fitted, {"finetune": tuned.record()})
     with tempfile.TemporaryDirectory(prefix="benchgen-finetuned-backbone-") as trained_backbone:
         router.backbone.save_pretrained(trained_backbone)  # the trained weights, read back by the bundling writer
         tokenizer.save_pretrained(trained_backbone)
@@ -368,7 +354,7 @@ def train_finetuned(config: Any) -> Any:
             bundle=True,
             card_note=finetune_card_note(config.backbone_id, tuned, config.card_note),
         )
-    return TrainResult(report=report, manifest=manifest, head=head, finetuned=tuned)
+    return TrainResult(report=report, manifest=manifest, head=tuned.head, finetuned=tuned)
 
 
 def finetune_card_note(backbone: str, tuned: Finetuned, note: str | None) -> str:

@@ -195,18 +195,10 @@ def train_probability(config: Any) -> Any:
         return train_finetuned(config)
 
     from benchgen_router.forms import QUERY_FORMATS
-    from benchgen_router.manifest import make_manifest
     from benchgen_router.model_code import canonical_query
-    from benchgen_router.release.convert import Release
     from benchgen_router.release.folder import check_output_folder
     from benchgen_router.training.config import check_config
-    from benchgen_router.training.run import (
-        TrainResult,
-        backbone_embedder,
-        export_router,
-        read_training_data,
-        write_run,
-    )
+    from benchgen_router.training.run import TrainResult, backbone_embedder, export_router, read_training_data
 
     check_config(config)
     if config.export is not None:
@@ -221,33 +213,68 @@ def train_probability(config: Any) -> Any:
     started = time.perf_counter()
     head = fit_probability_head(embeddings[~test], rewards[~test], seed=config.seed)
     timings["fit_seconds"] = time.perf_counter() - started
-    costs = expected_costs_per_1k(None if cost_data is None else cost_data.cost_per_1k[~test], len(data.agents))
+    fitted = FittedRun(data, test, how, cost_data, head, embeddings, embedded.truncation_length, timings)
+    report, manifest, release = write_probability_run(config, fitted)
+    if config.export is not None:
+        export_router(config, release)
+    return TrainResult(report=report, manifest=manifest, head=head)
+
+
+@dataclass
+class FittedRun:
+    """What a probability run fitted, for its outputs: the labelled data, the held-out mask and how it was
+    chosen, the per-call costs (or None), the head, every row's embedding, the truncation and the timings."""
+
+    data: Any
+    test: np.ndarray
+    how: str
+    cost_data: Any
+    head: ProbabilityHead
+    embeddings: np.ndarray
+    truncation_length: int
+    timings: dict[str, float]
+
+
+def write_probability_run(config: Any, fitted: FittedRun, extra: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+    """Calibrate the budget rules on the training rows, report, and write the run folder: (report, manifest,
+    the Release an export writes). `extra` records go into the report and the manifest alike."""
+    from benchgen_router.forms import QUERY_FORMATS
+    from benchgen_router.manifest import make_manifest
+    from benchgen_router.release.convert import Release
+    from benchgen_router.training.run import write_run
+
+    data, test, head, embeddings = fitted.data, fitted.test, fitted.head, fitted.embeddings
+    rules = QUERY_FORMATS[config.query_format]
+    costs = expected_costs_per_1k(
+        None if fitted.cost_data is None else fitted.cost_data.cost_per_1k[~test], len(data.agents)
+    )
     calibration = tradeoff_calibration(head.predict(embeddings[~test]), np.asarray(costs), data.agents)
-    report = probability_report(config, data, test, how, head, embeddings, costs, embedded.truncation_length, timings)
+    report = probability_report(
+        config, data, test, fitted.how, head, embeddings, costs, fitted.truncation_length, fitted.timings
+    )
+    report.extra.update(extra or {})
     settings = {"head_kind": "probability", "agent_costs_per_1k": costs, "tradeoff_calibration": calibration}
+    records = {"probability_head": report.extra["probability_head"], **(extra or {})}
     manifest = make_manifest(
         agent_order=data.agents,
         embedding_dim=int(embeddings.shape[1]),
         head_hidden_dim=0,
         **({"query_format": rules} if rules else {}),
-        **{key: value for key, value in report.to_dict().items() if key != "probability_head"},
+        **{key: value for key, value in report.to_dict().items() if key not in records},
     )
-    manifest.update(settings, probability_head=report.extra["probability_head"])
-    theta = head.theta()
-    write_run(config.output_dir, manifest, theta)
-    if config.export is not None:
-        release = Release(
-            agents=data.agents,
-            embedding_dim=int(embeddings.shape[1]),
-            head_hidden_dim=0,
-            head=theta,
-            report=report,
-            truncation_length=embedded.truncation_length,
-            query_format=rules or None,
-            **settings,
-        )
-        export_router(config, release)
-    return TrainResult(report=report, manifest=manifest, head=head)
+    manifest.update(settings, **records)
+    write_run(config.output_dir, manifest, head.theta())
+    release = Release(
+        agents=data.agents,
+        embedding_dim=int(embeddings.shape[1]),
+        head_hidden_dim=0,
+        head=head.theta(),
+        report=report,
+        truncation_length=fitted.truncation_length,
+        query_format=rules or None,
+        **settings,
+    )
+    return report, manifest, release
 
 
 def probability_report(
