@@ -263,7 +263,7 @@ def comparison_to_dict(name: str, result: ValueResult, comparisons: Sequence[Fol
 
 def plot_comparisons(panels: Sequence[tuple[str, str, Sequence[FoldComparison]]], png: Any) -> None:
     """Accuracy against cost per 1,000 queries, one panel per (title, cost unit, folds): each curve's mean
-    held-out hull (bench.value's mean_curve), LiteLLM's shipped tiers a marked point."""
+    held-out hull (bench.value's mean_curve), which for LiteLLM's shipped tiers, one point, is flat from it."""
     from benchgen_router.bench.value.report import mean_curve
     from benchgen_router.frontier.plots import plot_curve_panels
 
@@ -274,9 +274,7 @@ def plot_comparisons(panels: Sequence[tuple[str, str, Sequence[FoldComparison]]]
         lines = [
             (OURS.get(key, key), grid, curve)
             for key in comparisons[0].curves
-            if key != SHIPPED and (curve := mean_curve(comparisons, key, grid)) is not None
+            if (curve := mean_curve(comparisons, key, grid)) is not None
         ]
-        shipped = [comparison.curves[SHIPPED][0] for comparison in comparisons]
-        mark = ("LiteLLM, shipped tiers", *np.mean(np.asarray(shipped), axis=0))
-        drawn.append((f"{title} ({len(comparisons)} folds; cost: {unit})", lines, [mark]))
+        drawn.append((f"{title} ({len(comparisons)} folds; cost: {unit})", lines, []))
     plot_curve_panels(drawn, png, "cost per 1,000 queries", "accuracy (held out, mean over folds)")
