@@ -134,19 +134,25 @@ def ascii_header(value: str) -> str:
 
 class _RouterPlugin:
     """What both plugins share: the router (one engine per router and process), the default decision, and
-    one request's decision with every failure turned into a reason."""
+    one request's decision with every failure turned into a reason.
+
+    `model`: a router folder or Hub id (None: the default router); `operating_point` / `tradeoff`: the
+    decision for requests whose metadata names none (None: the router's default); `route_on`: the text
+    scored (last-user, first-user, conversation); `timeout_s`: past it, LiteLLM's choice stands; `device`,
+    `dtype`, `revision`, `backbone`: loading options, as pick_agent's."""
 
     def __init__(
         self,
-        model: str | os.PathLike | None,
-        operating_point: str | None,
-        tradeoff: str | None,
-        route_on: str,
-        timeout_s: float,
-        device: str | None,
-        dtype: str | None,
-        revision: str | None,
-        backbone: str | None,
+        model: str | os.PathLike | None = None,
+        *,
+        operating_point: str | None = None,
+        tradeoff: str | None = None,
+        route_on: str = "last-user",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        device: str | None = None,
+        dtype: str | None = None,
+        revision: str | None = None,
+        backbone: str | None = None,
     ) -> None:
         for name, value in (("operating_point", operating_point), ("tradeoff", tradeoff)):
             if value is not None and not isinstance(value, str):
@@ -217,24 +223,11 @@ class BenchgenRoutingPlugin(_RouterPlugin):
     """A LiteLLM RoutingPlugin: narrows each request's candidate models to the deployments of the agent the
     router picks (`agents`: agent id -> candidate string). Candidates no agent maps to are a model group
     outside the pool, left as LiteLLM gives them; when the agent picked is not among a group's candidates
-    (a fallback group), the candidate agent the router scores most likely is taken."""
+    (a fallback group), the candidate agent the router scores most likely is taken. Settings: _RouterPlugin's."""
 
-    def __init__(
-        self,
-        model: str | os.PathLike | None = None,
-        *,
-        agents: Mapping[str, str],
-        operating_point: str | None = None,
-        tradeoff: str | None = None,
-        route_on: str = "last-user",
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        device: str | None = None,
-        dtype: str | None = None,
-        revision: str | None = None,
-        backbone: str | None = None,
-    ) -> None:
+    def __init__(self, model: str | os.PathLike | None = None, *, agents: Mapping[str, str], **settings: Any) -> None:
         self.agents = check_mapping(agents, "agents", "LiteLLM model strings")
-        super().__init__(model, operating_point, tradeoff, route_on, timeout_s, device, dtype, revision, backbone)
+        super().__init__(model, **settings)
 
     async def run(self, context: Any) -> Any:
         candidates = list(context.candidate_models)
@@ -267,24 +260,11 @@ class BenchgenRoutingPlugin(_RouterPlugin):
 class BenchgenClassifierPlugin(_RouterPlugin):
     """A LiteLLM ClassifierPlugin for the complexity auto-router (`classifier_type: custom`): the tier of the
     agent the router picks (`tiers`: agent id -> tier name, its label, or a tier_definitions name), or None,
-    after which LiteLLM's classifier_fallback decides."""
+    after which LiteLLM's classifier_fallback decides. Settings: _RouterPlugin's (timeout_s 2.5 s here)."""
 
-    def __init__(
-        self,
-        model: str | os.PathLike | None = None,
-        *,
-        tiers: Mapping[str, str],
-        operating_point: str | None = None,
-        tradeoff: str | None = None,
-        route_on: str = "last-user",
-        timeout_s: float = DEFAULT_CLASSIFIER_TIMEOUT_S,
-        device: str | None = None,
-        dtype: str | None = None,
-        revision: str | None = None,
-        backbone: str | None = None,
-    ) -> None:
+    def __init__(self, model: str | os.PathLike | None = None, *, tiers: Mapping[str, str], **settings: Any) -> None:
         self.tiers = check_mapping(tiers, "tiers", "tier names")
-        super().__init__(model, operating_point, tradeoff, route_on, timeout_s, device, dtype, revision, backbone)
+        super().__init__(model, **{"timeout_s": DEFAULT_CLASSIFIER_TIMEOUT_S, **settings})
 
     async def classify(self, context: Any) -> str | None:
         try:
