@@ -10,6 +10,7 @@ once per prompt for the whole run (the first fold computes them for every row) a
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,8 @@ import numpy as np
 
 from benchgen_router.bench.value.routers import Fitted, Fold
 from benchgen_router.training.config import FinetuneSettings
+
+logger = logging.getLogger("benchgen_router")
 
 # What each fold trains, unless the run says otherwise: the top layer for at most 3 epochs, so that a
 # benchmark of 10,000-row folds fits in hours on a few CPU cores (docs/training.md, fine-tuning's cost).
@@ -39,7 +42,13 @@ def fit_finetuned(train: Fold, test: Fold, settings: dict[str, Any]) -> Fitted:
     tuned = finetune_probability(router, lower, train_rows, train.rewards, train.embeddings, tune)
     test_rows = np.array([row_of[prompt] for prompt in test.prompts])
     probabilities = tuned.head.predict(tuned.embeddings(test_rows))
-    return Fitted(probabilities=probabilities, details=tuned.record())
+    record = tuned.record()
+    logger.info(
+        "finetuned: %d training rows, kept epoch %d of %d run (validation loss %s), %.0f s",
+        len(train_rows), record["best_epoch"], record["epochs_run"],
+        ", ".join(f"{row['validation_loss']:.4f}" for row in record["history"]), record["seconds"]["training"],
+    )  # fmt: skip
+    return Fitted(probabilities=probabilities, details=record)
 
 
 def kept_states(router: Any, tokenizer: Any, backbone: str, first: int, prompts: list[str]) -> tuple[Any, dict]:
