@@ -62,7 +62,8 @@ def query_statistics(prompts: Sequence[str], tokenizer: Any, truncation_length: 
     special, _ = special_token_counts(tokenizer)
     usable = max(truncation_length - special, 1)
     unknown = tokenizer.unk_token_id
-    encoded = tokenizer(list(prompts), add_special_tokens=False)
+    # Whole queries, past the backbone's length on purpose (what the truncation cuts is a statistic): no warning.
+    encoded = tokenizer(list(prompts), add_special_tokens=False, verbose=False)
     rows = np.zeros((len(prompts), len(STATISTICS)), dtype=np.float32)
     for i, text in enumerate(prompts):
         pieces = encoded["input_ids"][i]
