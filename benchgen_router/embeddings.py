@@ -326,6 +326,8 @@ def _embed_in_chunks(
             if not np.isfinite(chunk).all():
                 raise setting_error(non_finite)
             if path is not None:
+                # Another run of the same prompts that ended first removed the folder with its own chunks.
+                path.parent.mkdir(exist_ok=True)
                 with atomic_output(path, "wb") as handle:
                     np.save(handle, chunk, allow_pickle=False)
             vectors[start:end] = chunk

@@ -67,3 +67,24 @@ def test_the_layers_key_differs_and_the_standard_key_is_unchanged():
     standard = embedding_cache_key(**base, device="cpu", prompts=["a"])
     assert embedding_cache_key(**base, device="cpu", prompts=["a"], pooling="last") == standard
     assert embedding_cache_key(**base, device="cpu", prompts=["a"], pooling="layers") != standard
+
+
+def test_a_run_goes_on_when_another_run_of_the_same_prompts_ends_first(tmp_path):
+    """Two runs of one cache key: the first to finish writes the cache file and removes the chunks' folder;
+    the other keeps its chunks in a folder made again, rather than failing after its work."""
+    import shutil
+
+    from benchgen_router.embeddings import _embed_in_chunks
+
+    partial = tmp_path / "key.partial"
+    calls = []
+
+    def embed(chunk):
+        calls.append(len(chunk))
+        if len(calls) == 2:  # the other run ends now
+            shutil.rmtree(partial)
+        return np.full((len(chunk), 3), float(len(calls)), dtype=np.float32)
+
+    vectors = _embed_in_chunks(embed, [f"q{i}" for i in range(6)], 3, 2, partial, False, "not finite")
+    assert vectors[:, 0].tolist() == [1, 1, 2, 2, 3, 3] and calls == [2, 2, 2]
+    assert sorted(path.name for path in partial.iterdir()) == ["000000002-000000004.npy", "000000004-000000006.npy"]
