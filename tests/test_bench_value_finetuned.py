@@ -3,11 +3,16 @@ rows, on a task the frozen embedding cannot route (helpers.order_task over helpe
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 
 from benchgen_router.bench.value import OutcomeMatrix, ValueConfig, run_value_benchmark
 from benchgen_router.bench.value import finetuned as module
+from benchgen_router.bench.value.report import result_to_dict
+from benchgen_router.bench.value.routers import fit_and_predict
 from benchgen_router.hardware import one_thread
 from benchgen_router.loading import backbone_router
 from benchgen_router.routing import run_router
@@ -27,7 +32,7 @@ def benchmark(tmp_path_factory, tokenizer_dir):
         np.tile([1.0, 0.1], (rows, 1)),
     )  # fmt: skip
     router, tokenizer = backbone_router(str(backbone), matrix.agents)
-    settings = FinetuneSettings(epochs=8, layers=1, learning_rate=1e-2, batch_size=16, patience=3)
+    settings = asdict(FinetuneSettings(epochs=8, layers=1, learning_rate=1e-2, batch_size=16, patience=3))
     config = ValueConfig(
         folds=2, repeats=1, group_folds=0, routers=("probability", "finetuned"), backbone=str(backbone),
         finetune=settings, progress=False,
@@ -78,7 +83,7 @@ def test_a_fold_trains_on_its_training_rows_only(benchmark, monkeypatch) -> None
         embeddings = np.zeros((len(rows), 32), np.float32)
         return module.Fold(embeddings, [None] * len(rows), rewards[rows], rewards[rows], prompts[rows])
 
-    settings = {"seed": 0, "backbone": result.config.backbone, "finetune": FinetuneSettings(epochs=1, layers=1)}
+    settings = {"seed": 0, "backbone": result.config.backbone, "finetune": asdict(FinetuneSettings(epochs=1, layers=1))}
     with one_thread():
         fitted = module.fit_finetuned(fold(train), fold(test), settings)
     row_of, _ = next(iter(module._KEPT.values()))
@@ -86,3 +91,28 @@ def test_a_fold_trains_on_its_training_rows_only(benchmark, monkeypatch) -> None
     np.testing.assert_array_equal(seen["rewards"], rewards[train])
     assert fitted.probabilities.shape == (len(test), 2)
     assert fitted.details["rows"]["fitted"] + fitted.details["rows"]["validation"] == len(train)
+
+
+def test_the_result_with_its_settings_is_plain_json(benchmark) -> None:
+    """value.json keeps the run's settings, the finetuned router's among them."""
+    result, _ = benchmark
+    written = json.loads(json.dumps(result_to_dict(result)))
+    assert written["settings"]["finetune"]["layers"] == 1 and written["settings"]["finetune"]["epochs"] == 8
+
+
+def test_a_fold_that_keeps_epoch_0_routes_as_the_probability_router(benchmark) -> None:
+    """No epoch better than the start (noise for labels): the frozen head over the frozen embeddings, exactly the
+    probability router's own probabilities."""
+    result, matrix = benchmark
+    prompts = np.asarray(matrix.prompts, dtype=object)
+    noise = np.random.default_rng(3).integers(0, 2, size=(len(prompts), 2)).astype(float)
+    router, tokenizer = backbone_router(result.config.backbone, matrix.agents)
+    with one_thread():
+        embeddings = run_router(router, tokenizer, list(prompts))[1]
+        rows = module.Fold(embeddings, [None] * len(prompts), noise, noise, prompts)
+        tune = FinetuneSettings(epochs=3, layers=1, learning_rate=5e-2, batch_size=16, patience=1, seed=1)
+        settings = {"seed": 1, "backbone": result.config.backbone, "finetune": asdict(tune)}
+        tuned = module.fit_finetuned(rows, rows, settings)
+        frozen = fit_and_predict("probability", rows, rows, settings)
+    assert tuned.details["best_epoch"] == 0 and tuned.details["epochs_run"] == 1
+    np.testing.assert_array_equal(tuned.probabilities, frozen.probabilities)

@@ -158,9 +158,10 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def finetune_settings(args: argparse.Namespace) -> Any:
-    """The finetuned router's settings: its defaults (bench.value.finetuned.BENCH_SETTINGS) with the flags given."""
-    from dataclasses import replace
+def finetune_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The finetuned router's settings (training.config.FinetuneSettings' fields, plain JSON for value.json): its
+    defaults (bench.value.finetuned.BENCH_SETTINGS) with the flags given."""
+    from dataclasses import asdict, replace
 
     from benchgen_router.training.config import check_finetune_settings
 
@@ -171,4 +172,4 @@ def finetune_settings(args: argparse.Namespace) -> Any:
     }
     settings = replace(BENCH_SETTINGS, **{key: value for key, value in given.items() if value is not None})
     check_finetune_settings(settings)
-    return settings
+    return asdict(settings)

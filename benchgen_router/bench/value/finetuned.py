@@ -4,8 +4,9 @@ those rows, and swept by the probability head's own rules.
 
 Its head starts from the frozen probability head's fit on the fold's frozen embeddings (`Fold.embeddings`,
 the same the `probability` router fits on), so a fold where no epoch beats the start routes exactly as the
-`probability` router does. The frozen lower layers' outputs depend on the prompt alone, so they are computed
-once per prompt for the whole run (the first fold computes them for every row) and every fold reuses them.
+`probability` router does: the same head over the same embeddings. The frozen lower layers' outputs depend
+on the prompt alone, so they are computed once per prompt for the whole run (the first fold computes them
+for every row) and every fold reuses them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def fit_finetuned(train: Fold, test: Fold, settings: dict[str, Any]) -> Fitted:
     from benchgen_router.loading import backbone_router
     from benchgen_router.training.finetune import finetune_probability, first_trained_layer
 
-    tune = replace(settings.get("finetune") or BENCH_SETTINGS, seed=settings["seed"])
+    chosen = settings.get("finetune")  # FinetuneSettings' fields, as ValueConfig keeps them
+    tune = replace(FinetuneSettings(**chosen) if chosen else BENCH_SETTINGS, seed=settings["seed"])
     agents = [f"agent {j}" for j in range(train.rewards.shape[1])]
     router, tokenizer = backbone_router(settings["backbone"], agents)
     first = first_trained_layer(router, tune.layers)
@@ -41,7 +43,9 @@ def fit_finetuned(train: Fold, test: Fold, settings: dict[str, Any]) -> Fitted:
     train_rows = np.array([row_of[prompt] for prompt in train.prompts])
     tuned = finetune_probability(router, lower, train_rows, train.rewards, train.embeddings, tune)
     test_rows = np.array([row_of[prompt] for prompt in test.prompts])
-    probabilities = tuned.head.predict(tuned.embeddings(test_rows))
+    # epoch 0 kept: the frozen router, scored on the very embeddings the probability router reads
+    embeddings = test.embeddings if tuned.best_epoch == 0 else tuned.embeddings(test_rows)
+    probabilities = tuned.head.predict(embeddings)
     record = tuned.record()
     logger.info(
         "finetuned: %d training rows, kept epoch %d of %d run (validation loss %s), %.0f s",

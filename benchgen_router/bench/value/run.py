@@ -55,7 +55,7 @@ class ValueConfig:
     cmaes_splits: int | None = None  # fit CMA-ES on the first this many folds of each kind only (time)
     num_results: int = 10  # RouteLLM's threshold bins, for two-agent pools
     backbone: str = DEFAULT_BACKBONE
-    finetune: Any = None  # the finetuned router's training.config.FinetuneSettings (None: finetuned.BENCH_SETTINGS)
+    finetune: dict[str, Any] | None = None  # the finetuned router's FinetuneSettings fields (None: its defaults)
     cache_dir: Path | None = None  # embedding cache (None: the package's)
     progress: bool = True
 
