@@ -19,7 +19,6 @@ from benchgen_router.integrations.litellm import (
     ascii_header,
     check_mapping,
     decision_headers,
-    routing_text,
 )
 from helpers import AGENTS, make_queries, train_probability_router
 from litellm_pool import POOL, TIER_GROUPS, TIERS, complexity_group, deployment
@@ -229,21 +228,6 @@ def test_inside_a_tier_the_routing_plugin_keeps_the_model_name_of_the_picked_age
 
 
 # The pieces, without LiteLLM
-
-
-def test_routing_text_reads_what_the_gateways_route_on_reads():
-    messages = [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "first question"},
-        {"role": "assistant", "content": "an answer"},
-        {"role": "user", "content": [{"type": "text", "text": "second"}, {"type": "image_url", "image_url": {}}]},
-        {"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
-    ]
-    assert routing_text(messages) == "second"
-    assert routing_text(messages, "first-user") == "first question"
-    assert routing_text(messages, "conversation") == "first question\n\nan answer\n\nsecond"
-    assert routing_text([{"role": "assistant", "content": "hi"}, {"role": "user", "content": "  "}]) is None
-    assert len(routing_text([{"role": "user", "content": "x" * 100_000}])) == 65536
 
 
 def test_bad_plugin_settings_are_one_line_at_construction():

@@ -46,12 +46,11 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve")
 pytest_plugins = ["upstream_server"]
 
+from benchgen_router.chat_text import ROUTE_ON, ROUTING_TEXT_MAX_CHARS  # noqa: E402
 from benchgen_router.errors import InputError  # noqa: E402
 from benchgen_router.serving.app import RouterService, api  # noqa: E402
 from benchgen_router.serving.call_plan import routed_plan  # noqa: E402
 from benchgen_router.serving.gateway import (  # noqa: E402
-    ROUTE_ON,
-    ROUTING_TEXT_MAX_CHARS,
     Gateway,
     GatewayError,
     GatewaySettings,

@@ -34,11 +34,11 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve")
 uvicorn = pytest.importorskip("uvicorn")
 
+from benchgen_router.chat_text import ROUTING_TEXT_MAX_CHARS  # noqa: E402
 from benchgen_router.serving.app import RouterService, api  # noqa: E402
 from benchgen_router.serving.call_usage import MAX_COST_PER_CALL_USD, MAX_TOKENS_PER_CALL  # noqa: E402
 from benchgen_router.serving.gateway import (  # noqa: E402
     DEFAULT_MAX_REQUEST_BYTES,
-    ROUTING_TEXT_MAX_CHARS,
     GatewayError,
     GatewaySettings,
     parse_chat_body,

@@ -25,9 +25,10 @@ from test_serving_gateway_hostile import (
     routes_beside_a_body,
 )
 
+from benchgen_router.chat_text import ROUTING_TEXT_MAX_CHARS
 from benchgen_router.errors import InputError
 from benchgen_router.serving.feedback import FEEDBACK_MAX_COMMENT_CHARS
-from benchgen_router.serving.gateway import ROUTING_TEXT_MAX_CHARS, GatewaySettings
+from benchgen_router.serving.gateway import GatewaySettings
 from benchgen_router.serving.journal import FEEDBACK_PER_REQUEST, Retention
 from benchgen_router.serving.journal_reading import read_journal
 from helpers import make_queries

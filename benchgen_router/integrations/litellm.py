@@ -28,11 +28,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from benchgen_router.chat_text import ROUTE_ON, routing_text
 from benchgen_router.errors import InputError, RouterTypeError
-from benchgen_router.files import text_problem
 from benchgen_router.integrations.engine import RouterSource, RoutingFailed, engine_for
 from benchgen_router.serving.logs import RepeatedWarnings
 
@@ -50,10 +50,8 @@ OPERATING_POINT_KEY = "benchgen_operating_point"
 # plugin narrows and never cleared, so a later attempt of the same request (a fallback group) would be
 # filtered by an earlier group's choice and find no deployment left: each run leaves it at its own choice.
 LITELLM_CANDIDATES_KEY = "_routing_plugin_candidate_models"
-ROUTE_ON = ("last-user", "first-user", "conversation")
 # The router reads only the start of a text (its truncation length, 512 tokens for the default router):
 # tokenizing more would only cost time on the worker thread, beside every query of the pass.
-ROUTING_TEXT_MAX_CHARS = 65536
 DEFAULT_TIMEOUT_S = 10.0
 # LiteLLM gives a classifier plugin 3 s (classifier_plugin_timeout_ms) and then falls back itself: the
 # classifier gives up first, so that its log line says why.
@@ -67,40 +65,6 @@ FALLBACK_KINDS = (
     "the router took longer than",
     "unexpected error",
 )
-
-
-def message_text(content: Any) -> str:
-    """A chat message's text: a string content, or the text parts of a list of parts (images carry none)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-        )
-    return ""
-
-
-def routing_text(messages: Sequence[Any], route_on: str = "last-user") -> str | None:
-    """What the router scores, as the gateway's --route-on reads it: the last user message with text, the
-    first, or every user and assistant message's text joined by blank lines; None when no user message has
-    any text."""
-    roles = ("user", "assistant") if route_on == "conversation" else ("user",)
-    texts = [
-        (message.get("role"), message_text(message.get("content")))
-        for message in messages
-        if isinstance(message, Mapping) and message.get("role") in roles
-    ]
-    texts = [(role, text) for role, text in texts if text.strip()]
-    if not any(role == "user" for role, _ in texts):
-        return None
-    if route_on == "conversation":
-        text = "\n\n".join(text for _, text in texts)
-    else:
-        users = [text for role, text in texts if role == "user"]
-        text = users[0] if route_on == "first-user" else users[-1]
-    return text[:ROUTING_TEXT_MAX_CHARS]
 
 
 def check_mapping(mapping: Any, name: str, values: str) -> dict[str, str]:
@@ -181,10 +145,10 @@ class _RouterPlugin:
             if value is not None and not isinstance(value, str):
                 raise RoutingFailed(f"the router refused metadata {key}: a {type(value).__name__}, not a string")
             overrides[setting] = value if value is not None else getattr(self, setting)
-        text = routing_text(context.structured_messages or context.raw_messages or [], self.route_on)
-        problem = "no user message has text" if text is None else text_problem(text, "the text to route on")
-        if problem:
-            raise RoutingFailed(f"no text to route on: {problem}")
+        try:
+            text = routing_text(list(context.structured_messages or context.raw_messages or []), self.route_on).text
+        except InputError as err:
+            raise RoutingFailed(f"no text to route on: {err}") from None
         engine = engine_for(self.source)
         try:
             result = await asyncio.wait_for(engine.route(text, **overrides), self.timeout_s)

@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import time
-import unicodedata
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +31,9 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from benchgen_router import chat_text
+from benchgen_router.chat_text import ROUTE_ON, RoutingText
 from benchgen_router.errors import InputError, setting_error
-from benchgen_router.files import text_problem
 from benchgen_router.serving.call_plan import Journaled, Plan
 from benchgen_router.serving.call_usage import (
     CallUsage,
@@ -56,15 +56,11 @@ from benchgen_router.upstreams import Upstream, UpstreamPool, retryable_status
 logger = logging.getLogger("benchgen_router.serving")
 
 ROUTER_MODEL = "benchgen-router"
-ROUTE_ON = ("last-user", "first-user", "conversation")
 DEFAULT_TIMEOUT_S = 120.0
 # A refused or unreachable host is known within a few seconds; the rest of the timeout is for the answer.
 CONNECT_TIMEOUT_S = 10.0
 # Chat bodies carry whole conversations and base64 images: far more than a /v1/route body.
 DEFAULT_MAX_REQUEST_BYTES = 16 << 20
-# The router reads at most its truncation length (512 tokens for the bundled one) from the start of
-# the text; longer text would only cost tokenizing in the replica, beside every query of its batch.
-ROUTING_TEXT_MAX_CHARS = 65536
 # Bodies past this size are parsed and written in a thread: tens of milliseconds of JSON on the event
 # loop would stall every stream this replica relays, and the requests it reads.
 LARGE_BODY_BYTES = 1 << 20
@@ -202,64 +198,12 @@ def chosen_tradeoff(target: Target, payload: Mapping[str, Any]) -> str | None:
     return target.tradeoff if target.tradeoff is not None else in_body
 
 
-def content_text(content: Any) -> str:
-    """A message's text: a string content, or the `text` parts of a list of parts (images and audio
-    carry none)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-        )
-    return ""
-
-
-@dataclass(frozen=True)
-class RoutingText:
-    """What the router scores, and whether it was cut to ROUTING_TEXT_MAX_CHARS: the journal line says so,
-    since a cut text is not the prompt the user sent."""
-
-    text: str
-    cut: bool
-
-
 def routing_text(messages: Any, route_on: str) -> RoutingText:
-    """What the router scores: the last user message with visible text ("last-user"); the first ("first-user"),
-    so that every turn of a conversation goes to the agent its opening was routed to; or every user and
-    assistant message with visible text, in order ("conversation"). A message whose text shows nothing (a
-    zero-width space, a NUL) is skipped as an image is: the router would score nothing. No user text at all,
-    or none visible, is a 400. On a large body this is seconds of work: callers on an event loop run it in a
-    thread (off_loop)."""
-    if not isinstance(messages, list) or not messages:
-        raise GatewayError(400, '"messages" must be a non-empty list of chat messages.', param="messages")
-    roles = ("user", "assistant") if route_on == "conversation" else ("user",)
-    texts = [
-        (message["role"], content_text(message.get("content")))
-        for message in messages
-        if isinstance(message, dict) and message.get("role") in roles
-    ]
-    if not any(role == "user" and text.strip() for role, text in texts):
-        raise GatewayError(400, "the messages hold no user text for the router to score.", param="messages")
-    # Only the start of a text is scored: whether it shows anything is decided there.
-    texts = [(role, text) for role, text in texts if visible(text[:ROUTING_TEXT_MAX_CHARS])]
-    if not any(role == "user" for role, _ in texts):
-        raise GatewayError(
-            400,
-            "the user text holds only invisible characters (zero-width, control); send a message with words.",
-            param="messages",
-        )
-    if route_on == "conversation":
-        text = "\n\n".join(text for _, text in texts)
-    else:
-        text = texts[0][1] if route_on == "first-user" else texts[-1][1]
-    cut = len(text) > ROUTING_TEXT_MAX_CHARS
-    text = text[:ROUTING_TEXT_MAX_CHARS]
-    problem = text_problem(text, "the text to route on")
-    if problem:
-        raise GatewayError(400, f"{problem}; a router cannot score it.", param="messages")
-    return RoutingText(text, cut)
+    """chat_text.routing_text, its refusal a 400 naming the messages."""
+    try:
+        return chat_text.routing_text(messages, route_on)
+    except InputError as err:
+        raise GatewayError(400, str(err), param="messages") from None
 
 
 class NotJsonNumber(ValueError):
@@ -275,16 +219,6 @@ def finite_float(text: str) -> float:
 
 def not_a_number(text: str) -> float:
     raise NotJsonNumber(text)
-
-
-# Unicode categories that show nothing alone: format (zero-width spaces, joiners, the BOM), control (NUL),
-# separators, unassigned and private code points, and combining marks without a letter to sit on. A lone
-# surrogate (undecodable input) is not among them: it is broken rather than invisible, and refused by name.
-INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Cn", "Co", "Zs", "Zl", "Zp", "Mn", "Mc", "Me"})
-
-
-def visible(text: str) -> bool:
-    return any(unicodedata.category(character) not in INVISIBLE_CATEGORIES for character in text)
 
 
 def parse_chat_body(body: bytes, expected: str = "an OpenAI chat completion request") -> dict[str, Any]:
