@@ -265,8 +265,9 @@ def _layer_means_of(
     as routing tokenizes, in right-padded batches planned by length."""
     import torch
 
+    from benchgen_router.batching import plan_batches, right_padded
     from benchgen_router.hardware import default_batch_tokens
-    from benchgen_router.routing import EmptyQueryError, Router, plan_batches, right_padded
+    from benchgen_router.routing import EmptyQueryError, Router
 
     pool = inspect.getmodule(RouterModel).masked_mean_pool  # the serving code's pooling, clone or wheel
     tokenized = Router(model, tokenizer).tokenize(texts)

@@ -112,7 +112,7 @@ def default_batch_tokens(device: Any, dtype: Any) -> int:
 
 def pass_cost_positions(device: Any) -> int | None:
     """What one more forward pass costs, in padded positions, when padded batches are cut
-    (routing.padded_batches). On a CPU a pass reads every weight from memory again: on one thread
+    (batching.padded_batches). On a CPU a pass reads every weight from memory again: on one thread
     the default router spent about 0.19 ms per position and 4.5 ms per pass, so a cut that saves more
     than 24 positions pays (docs/routing.md). None on a GPU, where a pass is mostly kernel launches
     and the cost is unmeasured: there batches are filled up to the cap, in one linear sweep."""

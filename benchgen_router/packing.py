@@ -1,6 +1,6 @@
 """Packed batches: a decoder backbone's queries laid several to a row, with no padding computed.
 
-The one owner of the packed layout. `plan_batches` (routing.py) fills batches with `pack_rows`, and
+The one owner of the packed layout. `plan_batches` (batching.py) fills batches with `pack_rows`, and
 `collate` lays each batch out for RouterModel.forward: queries back to back in rows, position ids
 restarting at 0 for each query (and for a row's padded tail), and an attention mask that marks the
 real tokens. The model pools with that mask and hands the backbone the position ids alone, so that

@@ -116,7 +116,17 @@ def test_the_package_itself_imports_no_moved_path() -> None:
 
 
 # The modules a query passes through, from loading a router to its decision (and the service around it).
-INFERENCE_PATH = ("routing", "loading", "embeddings", "tradeoffs", "files", "packing", "hardware", "model_code")
+INFERENCE_PATH = (
+    "routing",
+    "batching",
+    "loading",
+    "embeddings",
+    "tradeoffs",
+    "files",
+    "packing",
+    "hardware",
+    "model_code",
+)
 
 
 def test_the_inference_path_imports_nothing_from_training() -> None:
