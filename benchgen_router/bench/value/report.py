@@ -101,6 +101,7 @@ def format_result(result: ValueResult) -> str:
         lines += _rules_tables(folds, result)
         if folds[0].gap:
             lines += _routellm_table(folds)
+        lines += _paired_table(folds)
     lines += _singles_table(result, unit)
     return "\n".join(lines)
 
@@ -182,6 +183,50 @@ def _routellm_table(folds: Sequence[FoldResult]) -> list[str]:
             f"| {label} | {len(runs)} | {apgr[0]:.3f} ± {apgr[1]:.3f} | {100 * cpt50[0]:.1f}% ± {100 * cpt50[1]:.1f} "
             f"| {100 * cpt80[0]:.1f}% ± {100 * cpt80[1]:.1f} |"
         )
+    return [*lines, ""]
+
+
+def paired_differences(folds: Sequence[FoldResult], baseline: str = "probability") -> dict[str, dict[str, Any]]:
+    """Each other router's figures minus `baseline`'s on the same fold (its curve of the same rule), mean and
+    std over the folds both ran: whether a router beats the baseline beyond the folds' spread, with the
+    folds' shared difficulty taken out. Keys: aiq, best, and with two agents apgr and cpt_50."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in _curve_keys(folds):
+        router, _, rule = key.partition("/")
+        base = f"{baseline}/{rule}" if rule else baseline
+        if router in (baseline, *REFERENCES):
+            continue
+        runs = [fold for fold in folds if key in fold.figures and base in fold.figures]
+        if not runs:
+            continue
+        record: dict[str, Any] = {"folds": len(runs)}
+        for field in ("aiq", "best"):
+            diffs = [getattr(fold.figures[key], field) - getattr(fold.figures[base], field) for fold in runs]
+            record[field] = _spread(diffs)
+        gaps = [fold.gap["figures"] for fold in runs if "figures" in fold.gap]
+        gaps = [figures for figures in gaps if router in figures and baseline in figures]
+        if rule == "lambda" and gaps:  # RouteLLM's sweep has no rule: once per router
+            for field in ("apgr", "cpt_50"):
+                record[field] = _spread([figures[router][field] - figures[baseline][field] for figures in gaps])
+        out[key] = record
+    return out
+
+
+def _paired_table(folds: Sequence[FoldResult]) -> list[str]:
+    paired = paired_differences(folds)
+    if not paired:
+        return []
+    two_agents = any("apgr" in record for record in paired.values())
+    header = "| router | folds | AIQ | best accuracy |" + (" APGR | CPT(50%) |" if two_agents else "")
+    lines = ["Beside the probability head, paired per fold (the router's figure minus the head's):", "", header]
+    lines.append("| --- | ---: | ---: | ---: |" + (" ---: | ---: |" if two_agents else ""))
+    for key, record in paired.items():
+        cells = [f"{record[field][0]:+.4f} ± {record[field][1]:.4f}" for field in ("aiq", "best")]
+        if two_agents:
+            cells.append(f"{record['apgr'][0]:+.3f} ± {record['apgr'][1]:.3f}" if "apgr" in record else "")
+            cpt = record.get("cpt_50")
+            cells.append(f"{100 * cpt[0]:+.1f} ± {100 * cpt[1]:.1f} points" if cpt else "")
+        lines.append(f"| {curve_name(key)} | {record['folds']} | {' | '.join(cells)} |")
     return [*lines, ""]
 
 
