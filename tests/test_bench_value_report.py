@@ -46,7 +46,7 @@ def test_each_router_is_compared_with_the_head_on_the_same_fold():
 
 def test_the_table_prints_signed_differences_and_is_absent_without_a_second_router():
     lines = _paired_table(FOLDS)
-    row = next(line for line in lines if line.startswith("| probability head, layer means"))
+    row = next(line for line in lines if line.startswith("| probability head + layer means"))
     assert "+0.0200 ± 0.0141" in row and "+0.035 ± 0.021" in row and "-3.5 ± 2.1 points" in row
     alone = [fold(0, {"probability/lambda": (0.8, 0.7), "zero router": (0.8, 0.6)}, {"probability": (0.6, 0.4)})]
     assert _paired_table(alone) == []

@@ -111,7 +111,7 @@ def test_the_command_computes_what_the_feature_routers_read(tmp_path, backbone_d
     args += ["--routers", "probability,layers,stats,knn-stack", "--backbone", backbone_dir, "--cache-dir", cache]
     capsys.readouterr()
     assert cli("bench", "value", *args, "--no-progress") == 0
-    assert "probability head, layer means, lambda swept" in capsys.readouterr().out
+    assert "probability head + layer means, lambda swept" in capsys.readouterr().out
     stored = json.loads((out / "value.json").read_text())
     for fold in stored["folds"]:
         for router in ("probability", "layers", "stats", "knn-stack"):

@@ -280,13 +280,18 @@ def mean_curve(folds: Sequence[FoldResult], key: str, grid: np.ndarray) -> np.nd
 
 
 def plot_result(result: ValueResult, png: str | Path, labelled: int = 4) -> None:
-    """Accuracy against cost per 1,000 queries (log scale), a column per split kind: each curve's mean held-out
-    hull, the zero router dashed, the oracle dotted, each single model a point (the `labelled` most accurate
-    named); below, the same zoomed on the routers, from the reference's accuracy less 0.08 up."""
+    """Accuracy against cost per 1,000 queries (log scale, or linear where a model costs nothing), a column per
+    split kind: each curve's mean held-out hull, the zero router dashed, the oracle dotted, each single model a
+    point (the `labelled` most accurate named); below, the same zoomed on the routers, from the reference's
+    accuracy less 0.08 up."""
     from benchgen_router.frontier.plots import plot_curve_panels
 
     everything = np.array([cost for fold in result.folds for cost, _ in fold.singles.values()])
-    grid = np.geomspace(max(everything.min(), 1e-12) * 0.8, everything.max(), 200)
+    # Prices spread over decades read on a log scale; a free model (RouteLLM's weak one) has no place on it.
+    log_x = bool(everything.min() > 0)
+    grid = (
+        np.geomspace(everything.min() * 0.8, everything.max(), 200) if log_x else np.linspace(0, everything.max(), 200)
+    )
     panels, zooms = [], []
     for kind in KINDS:
         folds = [fold for fold in result.folds if fold.kind == kind]
@@ -312,9 +317,9 @@ def plot_result(result: ValueResult, png: str | Path, labelled: int = 4) -> None
     plot_curve_panels(
         panels + [panel for panel, _ in zooms],
         png,
-        f"{result.cost_unit} (log scale)",
+        f"{result.cost_unit} (log scale)" if log_x else result.cost_unit,
         "accuracy (held out, mean over folds)",
-        log_x=True,
+        log_x=log_x,
         columns=len(panels),
         limits=[None] * len(panels) + [limit for _, limit in zooms],
     )

@@ -39,10 +39,10 @@ ROUTER_NAMES = {
     "knn": "kNN",
     "lookup": "per-category lookup",
     "mf": "matrix factorisation",
-    "layers": "probability head, layer means",
-    "stats": "probability head, + query statistics",
-    "knn-stack": "probability head, + kNN outcomes",
-    "finetuned": "probability head, fine-tuned backbone",
+    "layers": "probability head + layer means",
+    "stats": "probability head + query statistics",
+    "knn-stack": "probability head + kNN outcomes",
+    "finetuned": "probability head + fine-tuned backbone",
 }
 # The routers in modules of their own: (module of this package, its fitting function).
 FEATURE_ROUTERS = {
