@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModel, PretrainedConfig, PreTrainedModel, TextClassificationPipeline
+from transformers import __version__ as transformers_version
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.utils import ModelOutput, cached_file
 
@@ -153,7 +154,7 @@ class RouterModel(PreTrainedModel):
     _supports_sdpa = _supports_flash_attn = _supports_flash_attn_2 = _supports_flex_attn = True
     _supports_attention_backend = True
     # The head scores in float32 whatever the backbone's dtype (the guard's buffers are cast where loaded).
-    _keep_in_fp32_modules = _keep_in_fp32_modules_strict = ["head", "tradeoff"]
+    _keep_in_fp32_modules = _keep_in_fp32_modules_strict = ["head"]
 
     def __init__(self, config: RouterConfig, backbone: PreTrainedModel | None = None) -> None:
         super().__init__(config)
@@ -176,6 +177,10 @@ class RouterModel(PreTrainedModel):
                 self.register_buffer("ood_bias", torch.tensor(0.0, dtype=f32))
         if config.calibration_shapes:  # a probability head's budget calibration, stored beside the head
             self.tradeoff = TradeoffCalibration(config.calibration_shapes)
+            # transformers 5 keeps a listed module's buffers in float32 as it loads a bundled router; 4.x refuses
+            # to list a module without parameters (the calibration is buffers). Loading casts it to float32 after.
+            if int(transformers_version.split(".")[0]) >= 5:
+                self._keep_in_fp32_modules = self._keep_in_fp32_modules_strict = ["head", "tradeoff"]
         self.post_init()
         if backbone is not None:  # attached after post_init(), so initialisation never touches its weights
             self.backbone = backbone
