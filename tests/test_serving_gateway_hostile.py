@@ -560,7 +560,9 @@ def test_route_stays_fast_while_a_body_of_invisible_text_is_checked(app, upstrea
         f"{1000 * median:.0f} ms, max {1000 * max(routes):.0f} ms over {len(routes)}"
     )
     assert alone_s > 0.2, alone_s  # a body that stalls the loop for long enough to show
-    assert max(routes) < alone_s / 3, routes
+    # On the loop, a route sent during the check waits for all of it (1.1-1.5 times the check alone, measured).
+    # Off it, the loop still shares the GIL with the checking thread: the worst route seen was 0.64 times it.
+    assert max(routes) < 0.8 * alone_s, routes
 
 
 # ---------------------------------------------------------------------------------------------
