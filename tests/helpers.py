@@ -5,6 +5,7 @@ time; nothing is downloaded."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 import logging
@@ -314,6 +315,14 @@ def check_result(result: dict, expected_logits: np.ndarray) -> None:
     assert np.allclose(probabilities, softmax) and abs(probabilities.sum() - 1) < 1e-9
     assert result["agent_index"] == int(np.argmax(expected_logits))
     assert result["picked_agent"] == AGENTS[result["agent_index"]]
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

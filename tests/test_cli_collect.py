@@ -37,6 +37,21 @@ def write_pool(path: Path, entries: list[tuple[str, str, str]]) -> Path:
     return path
 
 
+def journal_of_one_call_and_pools(tmp_path: Path) -> Path:
+    """`tmp_path / "journal"`, a traffic journal of one call with its text, and the output folder
+    `tmp_path / "out"` holding a pool and a judge pool (of unreachable upstreams), which it returns."""
+    from benchgen_router.serving.journal import TrafficJournal
+
+    journal = TrafficJournal(tmp_path / "journal", keep_text=True)
+    journal.record_call({"request_id": journal.new_request_id(), "agent": "a", "status": 200}, "Name a river.")
+    journal.close()
+    out = tmp_path / "out"
+    out.mkdir()
+    write_pool(out / "pool.json", [("a", "http://127.0.0.1:9/v1", "m-a")])
+    write_pool(out / "judge.json", [("judge", "http://127.0.0.1:9/v1", "m-judge")])
+    return out
+
+
 def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -546,15 +561,8 @@ def test_a_from_journal_run_refused_by_another_run_touches_nothing(tmp_path, cap
     first, then, refused, removed that file, which the run holding the journal had sampled and was
     using. The folder's modification time shows any file made, renamed over or removed in it."""
     from benchgen_router.collect.journal import JournalLock
-    from benchgen_router.serving.journal import TrafficJournal
 
-    journal = TrafficJournal(tmp_path / "journal", keep_text=True)
-    journal.record_call({"request_id": journal.new_request_id(), "agent": "a", "status": 200}, "Name a river.")
-    journal.close()
-    out = tmp_path / "out"
-    out.mkdir()
-    write_pool(out / "pool.json", [("a", "http://127.0.0.1:9/v1", "m-a")])
-    write_pool(out / "judge.json", [("judge", "http://127.0.0.1:9/v1", "m-judge")])
+    out = journal_of_one_call_and_pools(tmp_path)
     holder = JournalLock(out / "calls.jsonl.journal").acquire()  # as the run that holds the output would
     try:
         before = sorted(path.name for path in out.iterdir())

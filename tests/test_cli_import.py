@@ -7,25 +7,16 @@ from __future__ import annotations
 import csv
 import json
 import pickle
-from pathlib import Path
 
 import pytest
 
-from helpers import SHARED, cli
+from helpers import SHARED, cli, write_csv
 
 MMLU = SHARED / "routellm-evals" / "mmlu"
 SLICE = [MMLU / "responses" / "mmlu_machine_learning.csv", MMLU / "responses" / "mmlu_college_chemistry.csv"]
 needs_routellm = pytest.mark.skipif(
     not (MMLU / "responses").is_dir(), reason=f"RouteLLM's evaluation data not found at {MMLU.parent} (CI has it)"
 )
-
-
-def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
 
 
 def error_lines(stderr: str) -> list[str]:

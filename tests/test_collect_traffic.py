@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_cli_collect import read_rows, write_pool
+from test_cli_collect import journal_of_one_call_and_pools, read_rows, write_pool
 
 from benchgen_router.serving.journal import TEXT_MAX_CHARS, TrafficJournal
 from helpers import cli
@@ -106,13 +106,7 @@ def test_a_python_call_refused_by_another_run_touches_nothing(tmp_path, sampled_
     from benchgen_router.collect.run import CollectConfig
     from benchgen_router.collect.traffic import JournalSource, collect_from_journal
 
-    journal = TrafficJournal(tmp_path / "journal", keep_text=True)
-    journal.record_call({"request_id": journal.new_request_id(), "agent": "a", "status": 200}, "Name a river.")
-    journal.close()
-    out = tmp_path / "out"
-    out.mkdir()
-    write_pool(out / "pool.json", [("a", "http://127.0.0.1:9/v1", "m-a")])
-    write_pool(out / "judge.json", [("judge", "http://127.0.0.1:9/v1", "m-judge")])
+    out = journal_of_one_call_and_pools(tmp_path)
     tasks = out / "calls.tasks.jsonl"
     if sampled_before:
         tasks.write_text('{"task_id": "journal-1", "prompt": "Name a lake.", "grader": "judge"}\n')

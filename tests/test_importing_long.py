@@ -16,6 +16,7 @@ import pytest
 from benchgen_router.costs import load_pool
 from benchgen_router.errors import InputError
 from benchgen_router.importing import LongColumns, read_contaminated, read_long_outcomes, read_prompts, with_prices
+from helpers import write_csv, write_jsonl
 
 
 def csv_rows(path: Path) -> list[dict[str, str]]:
@@ -25,19 +26,6 @@ def csv_rows(path: Path) -> list[dict[str, str]]:
 
 def eval_prompts(path: Path) -> set[str]:
     return {json.loads(line)["eval_prompt"] for line in path.read_text(encoding="utf-8").splitlines() if line}
-
-
-def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
 
 
 def read_jsonl(path: Path) -> list[dict]:
