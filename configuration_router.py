@@ -13,7 +13,10 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 DEFAULT_TRUNCATION_LENGTH = 1024  # the reference embeds with truncation=True, max_length=1024
-DEFAULT_TRADEOFF = "tolerance=0"  # a probability head with no trade-off given: the most likely agent
+DEFAULT_TRADEOFF = "tolerance=0"
+# What the head reads: the mean of the last hidden state (the reference's), or the means of every hidden state
+# the backbone returns (its input embeddings', then each layer's), side by side.
+POOLINGS = ("last-layer", "every-layer")  # a probability head with no trade-off given: the most likely agent
 TRADEOFF_FORMS = "tolerance=T (0-1), lambda=L (>= 0), budget=X (0-1) or budget=X@AGENT, usd-per-1k=Y (>= 0)"
 AUTO_MAP = {
     "AutoConfig": "configuration_router.RouterConfig",
@@ -33,6 +36,9 @@ class RouterConfig(PretrainedConfig):
         backbone_name_or_path / backbone_revision: where a head-only checkpoint's backbone comes from (a Hub
             id such as "Qwen/Qwen3-1.7B", or a local folder) and the revision pinned for reproducibility.
         bundled_backbone: `model.safetensors` holds the backbone's weights too (no second repository).
+        pooling: "last-layer" (the reference's: the masked mean of the last hidden state) or "every-layer" (the
+            masked means of every hidden state the backbone returns, the input embeddings' first, concatenated:
+            (layers + 1) x hidden numbers).
         head_hidden_dim: 0 for a linear head `emb @ W + b`; H > 0 for `tanh(emb @ W1 + b1) @ W2 + b2`.
         truncation_length: queries are cut to this many tokens, as when the head was trained.
         special_tokens_per_query / truncation_suffix_tokens: special tokens the tokenizer adds to every query
@@ -69,6 +75,7 @@ class RouterConfig(PretrainedConfig):
         backbone_name_or_path: str | os.PathLike | None = None,
         backbone_revision: str | None = None,
         bundled_backbone: bool = False,
+        pooling: str = "last-layer",
         head_hidden_dim: int = 0,
         truncation_length: int = DEFAULT_TRUNCATION_LENGTH,
         special_tokens_per_query: int = 0,
@@ -97,6 +104,7 @@ class RouterConfig(PretrainedConfig):
         self.backbone_name_or_path = backbone_name_or_path
         self.backbone_revision = backbone_revision
         self.bundled_backbone = bundled_backbone
+        self.pooling = pooling
         self.head_hidden_dim = head_hidden_dim
         self.truncation_length = truncation_length
         self.special_tokens_per_query = special_tokens_per_query
@@ -205,7 +213,9 @@ class RouterConfig(PretrainedConfig):
 
     def check_settings(self) -> None:
         """The choices a config alone can refuse, before any weights load: the operating point and, for a
-        probability head, the default trade-off (each a ValueError naming the valid forms)."""
+        probability head, the default trade-off, the pooling (each a ValueError naming the valid forms)."""
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling {self.pooling!r} is not one of {', '.join(POOLINGS)}.")
         self.check_operating_point(self.operating_point)
         if self.tradeoff is not None:
             self.check_tradeoff(self.tradeoff)
@@ -217,7 +227,9 @@ class RouterConfig(PretrainedConfig):
 
     @property
     def embedding_dim(self) -> int:
-        """Size of the pooled embedding: the backbone's hidden size."""
+        """Size of the pooled embedding: the backbone's hidden size, times its hidden states with every-layer."""
+        if self.pooling == "every-layer":
+            return self.text_config.hidden_size * (self.text_config.num_hidden_layers + 1)
         return self.text_config.hidden_size
 
 

@@ -1,6 +1,6 @@
 """BenchGen Router Lite: pick which agent of a pool should answer a query.
 
-query -> frozen backbone (last hidden state) -> masked mean pool (float32) -> head -> one logit per agent
+query -> frozen backbone (last hidden state, or every one) -> masked mean pool (float32) -> head -> one logit per agent
 -> the pick (RouterOutput.picks). An optional out-of-distribution guard flags queries unlike the training
 ones, so that a fallback agent answers them. Users run this file with `trust_remote_code=True`: it imports
 only torch, safetensors and transformers, opens no network connection of its own (the backbone's weights
@@ -201,8 +201,10 @@ class RouterModel(PreTrainedModel):
 
     @property
     def packs_queries(self) -> bool:
-        """Whether forward() takes packed batches (position_ids) for this backbone, and config.pack_queries."""
-        return self.config.pack_queries and supports_packing(self.backbone)
+        """Whether forward() takes packed batches (position_ids) for this backbone, and config.pack_queries (a
+        packed pass returns the last hidden state only: every-layer pooling is never packed)."""
+        last_layer = self.config.pooling == "last-layer"
+        return self.config.pack_queries and last_layer and supports_packing(self.backbone)
 
     @property
     def guards_queries(self) -> bool:
@@ -335,8 +337,13 @@ class RouterModel(PreTrainedModel):
             inputs["token_type_ids"] = token_type_ids
         if "use_cache" in self._backbone_takes:  # one pass: a KV cache would only copy every layer's keys
             inputs["use_cache"] = False
-        output = self.backbone(**inputs, output_hidden_states=bool(hidden))
-        return masked_mean_pool(output.last_hidden_state, mask), output.hidden_states
+        every_layer = self.config.pooling == "every-layer"
+        output = self.backbone(**inputs, output_hidden_states=bool(hidden) or every_layer)
+        if every_layer:  # the input embeddings' mean first, then each layer's
+            pooled = torch.cat([masked_mean_pool(state, mask) for state in output.hidden_states], dim=-1)
+        else:
+            pooled = masked_mean_pool(output.last_hidden_state, mask)
+        return pooled, output.hidden_states if hidden else None
 
     def _embed_packed(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, starts: torch.Tensor

@@ -31,7 +31,7 @@ def check_router_config(config: Any) -> None:
     if config.ood_threshold is not None and not math.isfinite(config.ood_threshold):
         raise ValueError(f"ood_threshold must be a finite number (or None for no guard), got {config.ood_threshold}.")
     check_operating_points(config.operating_points)
-    config.check_operating_point(config.operating_point)
+    config.check_settings()  # the operating point, the default trade-off and the pooling
     check_query_format(config.query_format)
     if config.head_kind not in HEAD_KINDS:
         raise ValueError(f"head_kind must be one of {', '.join(HEAD_KINDS)}, got {config.head_kind!r}.")

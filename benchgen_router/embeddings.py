@@ -111,19 +111,22 @@ def embed_prompts(
     progress: bool = False,
     allow_emulated_bf16: bool = False,
     chunk_prompts: int = CHUNK_PROMPTS,
+    pooling: str = "last-layer",
 ) -> Embeddings:
     """Pooled embeddings of the prompts, computed by RouterModel (the class that serves) around the
-    backbone, batched with a progress bar, and cached as a plain .npy (never pickled) so that a
-    re-run or a hyper-parameter sweep does not embed again. With a cache, the work is kept chunk by
-    chunk (`chunk_prompts` prompts each) in a `<key>.partial` folder beside the cache file until the
-    last chunk is done, so a run stopped by Ctrl-C resumes where it stopped."""
+    backbone, pooled as `pooling` says (RouterConfig.pooling), batched with a progress bar, and cached as
+    a plain .npy (never pickled) so that a re-run or a hyper-parameter sweep does not embed again. With a
+    cache, the work is kept chunk by chunk (`chunk_prompts` prompts each) in a `<key>.partial` folder beside
+    the cache file until the last chunk is done, so a run stopped by Ctrl-C resumes where it stopped."""
     from benchgen_router.routing import run_router
 
     _check_chunk_prompts(chunk_prompts)
     text_config = load_backbone_config(backbone, revision)
     effective = effective_truncation_length(text_config, truncation_length)
-    cache_file = _cache_file(cache_dir, backbone, revision, text_config, dtype, effective, device, prompts, "last")
-    cached = None if cache_file is None else _read_cache(cache_file, len(prompts), text_config.hidden_size)
+    dim = text_config.hidden_size * (text_config.num_hidden_layers + 1 if pooling == "every-layer" else 1)
+    key = "layers" if pooling == "every-layer" else "last"
+    cache_file = _cache_file(cache_dir, backbone, revision, text_config, dtype, effective, device, prompts, key)
+    cached = None if cache_file is None else _read_cache(cache_file, len(prompts), dim)
     if cached is not None:
         logger.info("embeddings of %d prompts read from cache %s", len(prompts), cache_file)
         return Embeddings(cached, effective, cache_file, True)
@@ -137,6 +140,7 @@ def embed_prompts(
         truncation_length=truncation_length,
         text_config=text_config,
         allow_emulated_bf16=allow_emulated_bf16,
+        pooling=pooling,
     )
     if model.config.truncation_length != effective:
         raise RuntimeError(f"truncation length {model.config.truncation_length} != expected {effective}")
@@ -144,7 +148,7 @@ def embed_prompts(
     vectors = _embed_in_chunks(
         lambda chunk: run_router(model, tokenizer, chunk, batch_size=batch_size, max_batch_tokens=max_batch_tokens)[1],
         prompts,
-        text_config.hidden_size,
+        dim,
         chunk_prompts,
         partial,
         progress,
@@ -220,70 +224,29 @@ def embed_layer_means(
     chunk_prompts: int = CHUNK_PROMPTS,
 ) -> LayerMeans:
     """The masked mean of every hidden state of the backbone (the input embeddings, then each layer), per
-    prompt: what a head can read beside embed_prompts' last-layer mean, from one pass of the same model code
-    (RouterModel, the same tokenization and truncation). The last layer's mean is embed_prompts' embedding.
-    Batches are padded (never packed: packed rows return no per-layer states). Cached and resumable as
-    embed_prompts, under a key that also says "layers"; the cache file holds (prompts, (layers + 1) * D)."""
-    _check_chunk_prompts(chunk_prompts)
+    prompt: embed_prompts with every-layer pooling (a router's own, RouterConfig.pooling), each prompt's
+    (layers + 1) * D numbers laid out as (layers + 1, D). The last layer's mean is embed_prompts' embedding.
+    Cached and resumable as embed_prompts, under a key that says "layers"."""
     text_config = load_backbone_config(backbone, revision)
-    effective = effective_truncation_length(text_config, truncation_length)
     states, dim = text_config.num_hidden_layers + 1, text_config.hidden_size
-    cache_file = _cache_file(cache_dir, backbone, revision, text_config, dtype, effective, device, prompts, "layers")
-    cached = None if cache_file is None else _read_cache(cache_file, len(prompts), states * dim)
-    if cached is not None:
-        logger.info("layer means of %d prompts read from cache %s", len(prompts), cache_file)
-        return LayerMeans(cached.reshape(len(prompts), states, dim), effective, cache_file, True)
-
-    model, tokenizer = backbone_router(
+    embedded = embed_prompts(
+        prompts,
         backbone,
-        ["layers"],
+        ["router"],
         revision=revision,
-        device=device,
         dtype=dtype,
         truncation_length=truncation_length,
-        text_config=text_config,
+        device=device,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        cache_dir=cache_dir,
+        progress=progress,
         allow_emulated_bf16=allow_emulated_bf16,
+        chunk_prompts=chunk_prompts,
+        pooling="every-layer",
     )
-    partial = None if cache_file is None else cache_file.with_name(f"{cache_file.stem}.partial")
-    flat = _embed_in_chunks(
-        lambda chunk: _layer_means_of(model, tokenizer, chunk, batch_size, max_batch_tokens).reshape(len(chunk), -1),
-        prompts,
-        states * dim,
-        chunk_prompts,
-        partial,
-        progress,
-        f"backbone '{backbone}' produced NaN or infinite hidden states in {dtype}; use {{dtype=float32}}.",
-    )
-    _keep(flat, cache_file, partial)
-    return LayerMeans(flat.reshape(len(prompts), states, dim), effective, cache_file, False)
-
-
-def _layer_means_of(
-    model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int | None, max_batch_tokens: int | None
-) -> np.ndarray:
-    """(texts, layers + 1, D): each hidden state's masked mean (the model code's own pooling), tokenized
-    as routing tokenizes, in right-padded batches planned by length."""
-    import torch
-
-    from benchgen_router.batching import plan_batches, right_padded
-    from benchgen_router.hardware import default_batch_tokens
-    from benchgen_router.routing import EmptyQueryError, Router
-
-    pool = inspect.getmodule(RouterModel).masked_mean_pool  # the serving code's pooling, clone or wheel
-    tokenized = Router(model, tokenizer).tokenize(texts)
-    if tokenized.empty:
-        raise EmptyQueryError(tokenized.empty)
-    weight = next(model.backbone.parameters())
-    budget = max_batch_tokens or default_batch_tokens(weight.device, weight.dtype)
-    states = model.config.text_config.num_hidden_layers + 1
-    means = np.zeros((len(texts), states, model.config.embedding_dim), dtype=np.float32)
-    with torch.inference_mode():
-        for batch in plan_batches(tokenized.lengths, False, batch_size, budget, device=weight.device):
-            inputs = right_padded(tokenized.encoded, batch, tokenizer.pad_token_id or 0, weight.device)
-            hidden = model(**inputs, output_hidden_states=True).hidden_states
-            pooled = [pool(state, inputs["attention_mask"]) for state in hidden]
-            means[batch] = torch.stack(pooled, dim=1).float().cpu().numpy()
-    return means
+    means = embedded.vectors.reshape(len(prompts), states, dim)
+    return LayerMeans(means, embedded.truncation_length, embedded.cache_file, embedded.from_cache)
 
 
 def _embed_in_chunks(

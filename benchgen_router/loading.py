@@ -296,9 +296,10 @@ def backbone_router(
     truncation_length: int = DEFAULT_TRUNCATION_LENGTH,
     text_config: Any = None,
     allow_emulated_bf16: bool = False,
+    pooling: str = "last-layer",
 ) -> tuple[Any, Any]:
-    """A RouterModel with an untrained head around a backbone: the trainer embeds with this, so
-    training and serving run the same model code."""
+    """A RouterModel with an untrained head around a backbone, pooling as `pooling` says: the trainer embeds
+    with this, so training and serving run the same model code."""
     import torch
     from transformers import AutoModel
 
@@ -317,5 +318,7 @@ def backbone_router(
         )
     except (OSError, ValueError) as err:
         raise InputError(f"cannot load the weights of backbone '{backbone}' ({first_line(err)}).") from None
-    config = router_config(text_config, tokenizer, backbone, agents, head_hidden_dim, revision, truncation_length)
+    config = router_config(
+        text_config, tokenizer, backbone, agents, head_hidden_dim, revision, truncation_length, pooling=pooling
+    )
     return RouterModel(config, backbone=weights).to(device).eval(), tokenizer

@@ -52,9 +52,13 @@ PROJECT_KEYS = (
     "default_operating_point",
     "frontier",
     "target_mode",
+    "pooling",
 )
 # The structure of the head and its inputs, which the router's config holds; the rest is the report.
-STRUCTURE_KEYS = ("agent_order", "embedding_dim", "head_hidden_dim", "query_format")
+STRUCTURE_KEYS = ("agent_order", "embedding_dim", "head_hidden_dim", "query_format", "pooling")
+# What the head reads (RouterConfig.POOLINGS, which the remote code keeps to itself): the last hidden state's
+# mean, the reference's, or every hidden state's mean side by side. A manifest without "pooling" is the first.
+POOLINGS = ("last-layer", "every-layer")
 DEFAULT_TRUNCATION_LENGTH = 1024  # docs/reference.md: truncation=True, max_length=1024
 
 
@@ -100,6 +104,8 @@ def validate_manifest(manifest: Any, path: str | Path) -> dict[str, Any]:
     limit = manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH)
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise InputError(f"manifest {path}: truncation_length must be a positive integer, got {limit!r}.")
+    if manifest.get("pooling", POOLINGS[0]) not in POOLINGS:
+        raise InputError(f"manifest {path}: pooling must be one of {', '.join(POOLINGS)}, got {manifest['pooling']!r}.")
     check_operating_points(manifest, path)
     return manifest
 

@@ -386,10 +386,10 @@ def train_probability_router(folder: Path, backbone: Path | str, count: int = 12
 
 
 def probability_training(
-    folder: Path, backbone: Path | str, count: int, seed: int
+    folder: Path, backbone: Path | str, count: int, seed: int, extra: Sequence[str] = ()
 ) -> tuple[list[str], subprocess.CompletedProcess]:
-    """(prompts, the finished command): `train --head-kind probability` over AGENTS into folder/out and
-    folder/router, where frontier_a answers every query, open_cheap_reasoning only the short sums (every
+    """(prompts, the finished command): `train --head-kind probability` (and `extra` flags) over AGENTS into
+    folder/out and folder/router, where frontier_a answers every query, open_cheap_reasoning only the short sums (every
     other query, the only ones with " plus "), the rest none; each agent's calls cost its own price, so
     the trade-off rules pick differently."""
     prices = {
@@ -418,7 +418,7 @@ def probability_training(
         "--rewards", write_jsonl(folder / "r.jsonl", rewards), "--tasks", write_jsonl(folder / "t.jsonl", tasks),
         "--calls", write_jsonl(folder / "calls.jsonl", calls), "--backbone", backbone, "--head-kind", "probability",
         "--no-ood-guard", "--no-progress", "--cache-dir", folder / "cache", "--output-dir", folder / "out",
-        "--export", folder / "router", "--query-format", "none",
+        "--export", folder / "router", "--query-format", "none", *extra,
     ]  # fmt: skip
     result = run_tool("train", *args)
     assert result.returncode == 0, result.stderr

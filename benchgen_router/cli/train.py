@@ -104,6 +104,13 @@ def add_backbone_arguments(model: argparse._ArgumentGroup) -> None:
         "probability of answering correctly, with the trade-off chosen per request (docs/tradeoff.md)",
     )
     model.add_argument(
+        "--pooling",
+        choices=("last-layer", "every-layer"),
+        default=DEFAULTS["pooling"],
+        help="last-layer: the mean of the backbone's last hidden state (default, the reference's); every-layer: "
+        "every hidden state's mean side by side, for a probability head (docs/training.md)",
+    )
+    model.add_argument(
         "--truncation-length",
         type=positive_int,
         default=DEFAULTS["truncation_length"],

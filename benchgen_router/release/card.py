@@ -237,6 +237,11 @@ def render_card(
         "backbone": backbone,
         "backbone_state": "fine-tuned" if "finetune" in report.extra else "frozen",  # train --finetune
         "embedding_dim": config.embedding_dim,
+        "pooled": (
+            "masked means of every hidden state, the input embeddings' and each layer's, side by side"
+            if config.pooling == "every-layer"
+            else "masked mean of the last hidden state"
+        ),
         "n_agents": len(agents),
         "head_kind": head_kind,
         "n_params": f"{n_params:,}",

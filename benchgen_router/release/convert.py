@@ -225,6 +225,7 @@ class Release:
     guard: Any = None  # ood.OODGuard, or None for a router without one
     truncation_length: int = DEFAULT_TRUNCATION_LENGTH
     query_format: dict[str, list[str]] | None = None
+    pooling: str = "last-layer"  # or "every-layer": what the head reads (RouterConfig.pooling)
     # A probability head (head_kind "probability"): each agent's cost per 1,000 queries and the budget
     # rules' calibration, as RouterConfig takes them.
     head_kind: str = "cmaes"
@@ -308,6 +309,7 @@ def read_release(
         guard=guard,
         truncation_length=manifest.get("truncation_length", DEFAULT_TRUNCATION_LENGTH),
         query_format=manifest.get("query_format"),
+        pooling=manifest.get("pooling", "last-layer"),
         **probability_head(manifest, manifest_path),
     )
 
@@ -367,9 +369,11 @@ def write_release(
     revision = backbone_revision or (report.backbone_revision if recorded == report.backbone_model else None)
     backbone_config = load_backbone_config(source, revision)
     tokenizer = load_backbone_tokenizer(source, revision)
-    if backbone_config.hidden_size != release.embedding_dim:
+    states = backbone_config.num_hidden_layers + 1 if release.pooling == "every-layer" else 1
+    if backbone_config.hidden_size * states != release.embedding_dim:
+        reads = f"{states} hidden states of size" if states > 1 else "hidden size"
         raise InputError(
-            f"backbone '{source}' has hidden size {backbone_config.hidden_size} but the head expects "
+            f"backbone '{source}' has {reads} {backbone_config.hidden_size} but the head expects "
             f"embedding_dim={release.embedding_dim}; pass the backbone the head was trained on."
         )
     guard_settings = {}
@@ -392,6 +396,7 @@ def write_release(
         revision,
         truncation_length=release.truncation_length,
         query_format=release.query_format,
+        pooling=release.pooling,
         bundled_backbone=bundle,
         training=report.summary(),
         # 5.x names generic tokenizer.json tokenizers "TokenizersBackend", a class 4.x does not have.

@@ -41,6 +41,7 @@ class TrainConfig:
     backbone_revision: str | None = None
     head_hidden_dim: int = 0
     head_kind: str = "cmaes"  # or "probability": a trade-off chosen per request (training/probability.py)
+    pooling: str = "last-layer"  # or "every-layer" (a probability head): every hidden state's mean
     truncation_length: int = DEFAULT_TRUNCATION_LENGTH
     device: str = "cpu"
     dtype: str = "float32"
@@ -164,6 +165,7 @@ def check_config(config: TrainConfig) -> None:
             "{head_kind=probability} is one linear layer whose trade-off is chosen per request: drop "
             "{head_hidden_dim} and {operating_points}."
         )
+    check_pooling(config)
     check_finetune(config)
     check_search_settings(config.sigma0, config.generations, config.seed, config.popsize, config.cma_library)
     if not 0.0 < config.ood_keep_share < 1.0:
@@ -177,6 +179,18 @@ def check_config(config: TrainConfig) -> None:
         if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
             raise refuse(f"{{{name}}} {folder} is a file; pass a folder.")
     check_point_settings(config)
+
+
+def check_pooling(config: TrainConfig) -> None:
+    """--pooling: every-layer pooling is measured and trained with the probability head, on a frozen backbone."""
+    from benchgen_router.manifest import POOLINGS
+
+    if config.pooling not in POOLINGS:
+        raise setting_error(f"{{pooling}} must be one of {', '.join(POOLINGS)}, got {config.pooling!r}.")
+    if config.pooling == "every-layer" and config.head_kind != "probability":
+        raise setting_error("{pooling=every-layer} feeds the probability head: pass {head_kind=probability}.")
+    if config.pooling == "every-layer" and config.finetune:
+        raise setting_error("{pooling=every-layer} reads a frozen backbone's layers: drop {finetune}.")
 
 
 def check_finetune(config: TrainConfig) -> None:

@@ -255,11 +255,13 @@ def write_probability_run(config: Any, fitted: FittedRun, extra: dict[str, Any] 
     report.extra.update(extra or {})
     settings = {"head_kind": "probability", "agent_costs_per_1k": costs, "tradeoff_calibration": calibration}
     records = {"probability_head": report.extra["probability_head"], **(extra or {})}
+    pooling = getattr(config, "pooling", "last-layer")
     manifest = make_manifest(
         agent_order=data.agents,
         embedding_dim=int(embeddings.shape[1]),
         head_hidden_dim=0,
         **({"query_format": rules} if rules else {}),
+        **({"pooling": pooling} if pooling != "last-layer" else {}),
         **{key: value for key, value in report.to_dict().items() if key not in records},
     )
     manifest.update(settings, **records)
@@ -272,6 +274,7 @@ def write_probability_run(config: Any, fitted: FittedRun, extra: dict[str, Any] 
         report=report,
         truncation_length=fitted.truncation_length,
         query_format=rules or None,
+        pooling=pooling,
         **settings,
     )
     return report, manifest, release

@@ -191,6 +191,7 @@ def backbone_embedder(config: TrainConfig, agents: list[str]) -> Any:
         cache_dir=None if config.no_cache else (config.cache_dir or default_cache_dir()),
         progress=not config.no_progress,
         allow_emulated_bf16=config.allow_emulated_bf16,
+        pooling=config.pooling,
     )
 
 
