@@ -21,7 +21,7 @@ __all__ = ["embed_query", "pick_agent"]
 
 
 def embed_query(query: str, model: Any = None) -> Any:
-    """The float32 masked-mean-pooled backbone embedding of one query (numpy, shape (hidden,))."""
+    """The float32 masked-mean-pooled backbone embedding of one query (numpy, shape (config.embedding_dim,))."""
     router, tokenizer = get_router(model)
     return run_router(router, tokenizer, [query])[1][0]
 
