@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -35,6 +36,11 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # LiteLLM's price map from its wheel, not from GitHub
+    # The Ctrl-C tests send SIGINT to the commands they start, as a terminal does. A shell starts a background
+    # job with SIGINT ignored, and every process it starts inherits that: a suite run so would see its
+    # commands shrug Ctrl-C off. Python's own handler here is reset to the default in each child at exec.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
