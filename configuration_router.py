@@ -63,6 +63,10 @@ class RouterConfig(PretrainedConfig):
             `tradeoff.lambdas`, `tradeoff.cost_per_1k`) and the config their sizes, `{"rows": sample size,
             "levels": L, "lambdas": K}`; a config written before holds the values themselves (`margins`
             by agent, `lambdas`, `cost_per_1k`). `tradeoff`: the rule a query without one is decided by.
+        neighbour_outcomes: k > 0 gives a probability head, beside the embedding, what the k training queries
+            nearest a query (cosine) say of each agent: the smoothed log-odds of their mean reward.
+            `model.safetensors` holds the `neighbour_rows` training queries as `neighbours.embeddings` (unit
+            length) and `neighbours.rewards` (rows, agents); 0: none.
         id2label / label2id: the agent pool in logit order.
     """
 
@@ -93,6 +97,8 @@ class RouterConfig(PretrainedConfig):
         agent_costs_per_1k: list[float] | None = None,
         tradeoff_calibration: dict[str, Any] | None = None,
         tradeoff: str | None = None,
+        neighbour_outcomes: int = 0,
+        neighbour_rows: int = 0,
         **kwargs: Any,
     ) -> None:
         if isinstance(text_config, dict):
@@ -122,6 +128,8 @@ class RouterConfig(PretrainedConfig):
         self.agent_costs_per_1k = None if agent_costs_per_1k is None else [float(c) for c in agent_costs_per_1k]
         self.tradeoff_calibration = tradeoff_calibration
         self.tradeoff = tradeoff  # a probability head's rule when a query names none (None: DEFAULT_TRADEOFF)
+        self.neighbour_outcomes = neighbour_outcomes
+        self.neighbour_rows = neighbour_rows
         kwargs.setdefault("auto_map", dict(AUTO_MAP))  # the files and classes transformers loads the router with
         kwargs.setdefault("custom_pipelines", {"text-classification": dict(PIPELINE)})
         super().__init__(**kwargs)
@@ -216,6 +224,10 @@ class RouterConfig(PretrainedConfig):
         probability head, the default trade-off, the pooling (each a ValueError naming the valid forms)."""
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling {self.pooling!r} is not one of {', '.join(POOLINGS)}.")
+        if self.neighbour_outcomes and not 0 < self.neighbour_outcomes <= self.neighbour_rows:
+            raise ValueError(
+                f"neighbour_outcomes ({self.neighbour_outcomes}) needs as many neighbour_rows ({self.neighbour_rows})."
+            )
         self.check_operating_point(self.operating_point)
         if self.tradeoff is not None:
             self.check_tradeoff(self.tradeoff)
@@ -231,6 +243,11 @@ class RouterConfig(PretrainedConfig):
         if self.pooling == "every-layer":
             return self.text_config.hidden_size * (self.text_config.num_hidden_layers + 1)
         return self.text_config.hidden_size
+
+    @property
+    def head_input_dim(self) -> int:
+        """What the head reads: the embedding, and with neighbour outcomes one number per agent beside it."""
+        return self.embedding_dim + (len(self.id2label) if self.neighbour_outcomes else 0)
 
 
 def parse_tradeoff(text: str, agents: list[str], costs_per_1k: list[float]) -> tuple[str, float, int]:

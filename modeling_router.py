@@ -135,6 +135,26 @@ class TradeoffCalibration(nn.Module):
         }
 
 
+class NeighbourOutcomes(nn.Module):
+    """What the `k` training queries nearest a query (cosine) say of each agent: log(p / (1 - p)) with
+    p = (their rewards' sum + 1) / (k + 2), which a linear head can pass on as a logit (ties at the k-th
+    similarity: any of the equals). Buffers, so that model.safetensors carries them: `embeddings` (rows, D)
+    the training queries' unit-length embeddings, `rewards` (rows, agents) their rewards."""
+
+    def __init__(self, rows: int, dim: int, agents: int, k: int) -> None:
+        super().__init__()
+        self.k = k
+        self.register_buffer("embeddings", torch.zeros(rows, dim, dtype=torch.float32))
+        self.register_buffer("rewards", torch.zeros(rows, agents, dtype=torch.float32))
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """(queries, D) -> (queries, agents) float32 log-odds."""
+        unit = nn.functional.normalize(embeddings.to(device=self.embeddings.device, dtype=torch.float64), dim=-1)
+        nearest = (unit @ self.embeddings.double().T).topk(self.k, dim=-1).indices
+        p = (self.rewards.double()[nearest].sum(dim=1) + 1.0) / (self.k + 2.0)
+        return torch.log(p / (1.0 - p)).float()
+
+
 def build_head(embedding_dim: int, num_agents: int, hidden_dim: int) -> nn.Module:
     """Linear head when hidden_dim == 0, else Linear -> tanh -> Linear (the reference's two shapes)."""
     if hidden_dim == 0:
@@ -161,7 +181,7 @@ class RouterModel(PreTrainedModel):
         config.check_settings()  # from_pretrained(..., operating_point=..., tradeoff=...) sets them
         if backbone is None:  # fresh or bundled: from_pretrained builds this on the meta device, then loads
             self.backbone = AutoModel.from_config(config.text_config)
-        shape = (config.embedding_dim, len(config.id2label), config.head_hidden_dim)
+        shape = (config.head_input_dim, len(config.id2label), config.head_hidden_dim)
         if config.operating_points:  # one head per operating point, keyed by its name
             self.head = nn.ModuleDict({name: build_head(*shape) for name in config.operating_points})
         else:
@@ -177,10 +197,14 @@ class RouterModel(PreTrainedModel):
                 self.register_buffer("ood_bias", torch.tensor(0.0, dtype=f32))
         if config.calibration_shapes:  # a probability head's budget calibration, stored beside the head
             self.tradeoff = TradeoffCalibration(config.calibration_shapes)
-            # transformers 5 keeps a listed module's buffers in float32 as it loads a bundled router; 4.x refuses
-            # to list a module without parameters (the calibration is buffers). Loading casts it to float32 after.
-            if int(transformers_version.split(".")[0]) >= 5:
-                self._keep_in_fp32_modules = self._keep_in_fp32_modules_strict = ["head", "tradeoff"]
+        if config.neighbour_outcomes:  # the training queries the head's extra inputs are read from
+            sizes = (config.neighbour_rows, config.embedding_dim, len(config.id2label), config.neighbour_outcomes)
+            self.neighbours = NeighbourOutcomes(*sizes)
+        # transformers 5 keeps a listed module's buffers in float32 as it loads a bundled router; 4.x refuses to
+        # list a module without parameters (these two are buffers). Loading casts them to float32 after.
+        buffers = [name for name in ("tradeoff", "neighbours") if hasattr(self, name)]
+        if buffers and int(transformers_version.split(".")[0]) >= 5:
+            self._keep_in_fp32_modules = self._keep_in_fp32_modules_strict = ["head", *buffers]
         self.post_init()
         if backbone is not None:  # attached after post_init(), so initialisation never touches its weights
             self.backbone = backbone
@@ -279,6 +303,8 @@ class RouterModel(PreTrainedModel):
         else:
             embeddings, hidden_states = self._embed_packed(input_ids, position_ids, attention_mask, starts), None
         vectors = embeddings.to(device=next(self.head.parameters()).device, dtype=torch.float32)
+        if self.config.neighbour_outcomes:
+            vectors = torch.cat([vectors, self.neighbours(vectors).to(vectors.device)], dim=-1)
         if len(heads) == 1:
             logits = next(iter(heads.values()))(vectors)
         else:  # queries at several operating points share the batch
@@ -387,8 +413,9 @@ class RouterModel(PreTrainedModel):
             model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
             router = model[0] if isinstance(model, tuple) else model  # a tuple with output_loading_info=True
             router.head.float()
-            if hasattr(router, "tradeoff"):
-                router.tradeoff.float()
+            for part in ("tradeoff", "neighbours"):
+                if hasattr(router, part):
+                    getattr(router, part).float()
             for name in router.guard_tensor_names:
                 setattr(router, name, getattr(router, name).float())
             return model
@@ -418,6 +445,13 @@ class RouterModel(PreTrainedModel):
             except RuntimeError as err:
                 raise ValueError(f"{head_file} does not hold this config's trade-off calibration ({err}).") from None
             self.tradeoff.to(device=self.backbone.device, dtype=torch.float32)
+        if hasattr(self, "neighbours"):
+            stored_neighbours = {k[11:]: v for k, v in stored.items() if k.startswith("neighbours.")}
+            try:
+                self.neighbours.load_state_dict(stored_neighbours, strict=True)
+            except RuntimeError as err:
+                raise ValueError(f"{head_file} does not hold this config's neighbour outcomes ({err}).") from None
+            self.neighbours.to(device=self.backbone.device, dtype=torch.float32)
         for name in self.guard_tensor_names:
             expected = tuple(getattr(self, name).shape)
             found = tuple(stored[name].shape) if name in stored else "nothing"

@@ -53,9 +53,10 @@ PROJECT_KEYS = (
     "frontier",
     "target_mode",
     "pooling",
+    "neighbour_outcomes",
 )
 # The structure of the head and its inputs, which the router's config holds; the rest is the report.
-STRUCTURE_KEYS = ("agent_order", "embedding_dim", "head_hidden_dim", "query_format", "pooling")
+STRUCTURE_KEYS = ("agent_order", "embedding_dim", "head_hidden_dim", "query_format", "pooling", "neighbour_outcomes")
 # What the head reads (RouterConfig.POOLINGS, which the remote code keeps to itself): the last hidden state's
 # mean, the reference's, or every hidden state's mean side by side. A manifest without "pooling" is the first.
 POOLINGS = ("last-layer", "every-layer")

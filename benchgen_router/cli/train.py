@@ -111,6 +111,14 @@ def add_backbone_arguments(model: argparse._ArgumentGroup) -> None:
         "every hidden state's mean side by side, for a probability head (docs/training.md)",
     )
     model.add_argument(
+        "--neighbour-outcomes",
+        type=int,
+        default=DEFAULTS["neighbour_outcomes"],
+        metavar="K",
+        help="K > 0: the probability head also reads, per agent, the outcomes of the K training queries nearest "
+        "the query (docs/training.md); 0: not (default)",
+    )
+    model.add_argument(
         "--truncation-length",
         type=positive_int,
         default=DEFAULTS["truncation_length"],

@@ -208,7 +208,7 @@ def render_card(
 ) -> str:
     """README.md of a router folder: Hub metadata (YAML front matter) and what a user needs to know."""
     agents = config.agent_order
-    n_params = head_param_count(config.embedding_dim, len(agents), config.head_hidden_dim)
+    n_params = head_param_count(config.head_input_dim, len(agents), config.head_hidden_dim)
     if config.head_hidden_dim == 0:
         head_kind = "linear (logits = embedding @ W + b)"
     else:
@@ -218,6 +218,11 @@ def render_card(
     at_revision = f" at revision `{revision}`" if revision else ""
     points = len(config.operating_points)
     calibrated = " and the budget rules' calibration" if config.calibration_shapes else ""
+    if config.neighbour_outcomes:  # the head reads the outcomes of the training queries nearest a query
+        calibrated += (
+            f", and the {config.neighbour_rows:,} training queries' embeddings and rewards from which the head "
+            f"reads, per agent, how the {config.neighbour_outcomes} nearest a query fared"
+        )
     if config.bundled_backbone:
         weights_line = (
             f"`model.safetensors` holds the backbone and the head{calibrated}: the folder loads with no other "

@@ -117,7 +117,7 @@ def _head_only_router(config: Any, state: dict[str, Any]) -> Any:
 
 def _with_state(model: Any, state: dict[str, Any]) -> Any:
     """The model with a release's state: the head's weights, and a probability head's calibration."""
-    for name in ("head", "tradeoff"):
+    for name in ("head", "tradeoff", "neighbours"):
         part = {key.removeprefix(f"{name}."): value for key, value in state.items() if key.startswith(f"{name}.")}
         if part:
             getattr(model, name).load_state_dict(part)
@@ -226,6 +226,8 @@ class Release:
     truncation_length: int = DEFAULT_TRUNCATION_LENGTH
     query_format: dict[str, list[str]] | None = None
     pooling: str = "last-layer"  # or "every-layer": what the head reads (RouterConfig.pooling)
+    # With neighbour outcomes: (k, the training rows' unit embeddings (rows, embedding_dim), their rewards).
+    neighbours: tuple[int, np.ndarray, np.ndarray] | None = None
     # A probability head (head_kind "probability"): each agent's cost per 1,000 queries and the budget
     # rules' calibration, as RouterConfig takes them.
     head_kind: str = "cmaes"
@@ -246,12 +248,29 @@ class Release:
             "tradeoff_calibration": record,
         }
 
+    def neighbour_settings(self) -> dict[str, Any]:
+        """The config keys of neighbour outcomes ({} without)."""
+        if self.neighbours is None:
+            return {}
+        k, embeddings, _ = self.neighbours
+        return {"neighbour_outcomes": k, "neighbour_rows": len(embeddings)}
+
     def state_dict(self) -> dict[str, Any]:
         dim, count, hidden = self.embedding_dim, len(self.agents), self.head_hidden_dim
         if self.head_kind == "probability":
             from benchgen_router.tradeoffs import calibration_state
 
             _, tensors = calibration_state(self.tradeoff_calibration, self.agents)
+            if self.neighbours is not None:  # the head reads one outcome per agent beside the embedding
+                import torch
+
+                _, embeddings, rewards = self.neighbours
+                dim += count
+                tensors = {
+                    **tensors,
+                    "neighbours.embeddings": torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32)),
+                    "neighbours.rewards": torch.from_numpy(np.ascontiguousarray(rewards, dtype=np.float32)),
+                }
             return {**theta_to_state_dict(self.head, dim, count, hidden), **tensors}
         if not self.point_heads:
             return theta_to_state_dict(self.head, dim, count, hidden)
@@ -271,6 +290,12 @@ def read_release(
 ) -> Release:
     """A trainer release's files, each validated (see the module docstring), as one Release."""
     manifest = read_manifest(manifest_path)
+    if manifest.get("neighbour_outcomes"):  # the training queries it reads are in the exported folder only
+        raise InputError(
+            f"{manifest_path} is a head that reads its training queries' outcomes (train --neighbour-outcomes): its "
+            "router is the folder that run exported, whose model.safetensors carries those queries' embeddings and "
+            "rewards; the run folder does not."
+        )
     if manifest.get("finetune"):  # its head fits the trained backbone, which only the exported folder holds
         raise InputError(
             f"{manifest_path} is a head trained with its backbone (train --finetune): its router is the folder "
@@ -405,6 +430,7 @@ def write_release(
         **guard_settings,
         **point_settings,
         **release.probability_settings(),
+        **release.neighbour_settings(),
     )
     config.dtype = "float32"  # the reference embeds in float32; "auto" loading resolves to this
     state = release.state_dict()

@@ -42,6 +42,7 @@ class TrainConfig:
     head_hidden_dim: int = 0
     head_kind: str = "cmaes"  # or "probability": a trade-off chosen per request (training/probability.py)
     pooling: str = "last-layer"  # or "every-layer" (a probability head): every hidden state's mean
+    neighbour_outcomes: int = 0  # k > 0 (a probability head): the k nearest training queries' outcomes as inputs
     truncation_length: int = DEFAULT_TRUNCATION_LENGTH
     device: str = "cpu"
     dtype: str = "float32"
@@ -165,7 +166,7 @@ def check_config(config: TrainConfig) -> None:
             "{head_kind=probability} is one linear layer whose trade-off is chosen per request: drop "
             "{head_hidden_dim} and {operating_points}."
         )
-    check_pooling(config)
+    check_head_inputs(config)
     check_finetune(config)
     check_search_settings(config.sigma0, config.generations, config.seed, config.popsize, config.cma_library)
     if not 0.0 < config.ood_keep_share < 1.0:
@@ -181,8 +182,9 @@ def check_config(config: TrainConfig) -> None:
     check_point_settings(config)
 
 
-def check_pooling(config: TrainConfig) -> None:
-    """--pooling: every-layer pooling is measured and trained with the probability head, on a frozen backbone."""
+def check_head_inputs(config: TrainConfig) -> None:
+    """--pooling and --neighbour-outcomes: what a probability head over a frozen backbone reads beyond the last
+    layer's mean."""
     from benchgen_router.manifest import POOLINGS
 
     if config.pooling not in POOLINGS:
@@ -191,6 +193,19 @@ def check_pooling(config: TrainConfig) -> None:
         raise setting_error("{pooling=every-layer} feeds the probability head: pass {head_kind=probability}.")
     if config.pooling == "every-layer" and config.finetune:
         raise setting_error("{pooling=every-layer} reads a frozen backbone's layers: drop {finetune}.")
+    k = config.neighbour_outcomes
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise setting_error(f"{{neighbour_outcomes}} must be a whole number of neighbours >= 0, got {k!r}.")
+    if k and (config.head_kind != "probability" or config.finetune):
+        raise setting_error(
+            "{neighbour_outcomes} feeds the probability head over a frozen backbone: pass {head_kind=probability} "
+            "and drop {finetune}."
+        )
+    if k and config.export is None:
+        raise setting_error(
+            "{neighbour_outcomes} keeps the training queries' embeddings and rewards in the router folder only: "
+            "pass {export=DIR} (the run folder keeps the head and the record)."
+        )
 
 
 def check_finetune(config: TrainConfig) -> None:

@@ -205,19 +205,40 @@ def train_probability(config: Any) -> Any:
         check_output_folder(config.export, overwrite=False)
     data, _, test, how, cost_data = read_training_data(config)
     rewards = np.asarray(data.rewards, dtype=np.float64)  # in [0, 1]: the data's reader checks
+    k, rows = config.neighbour_outcomes, int((~test).sum())
+    if k and k >= rows:  # before the embedding pass
+        from benchgen_router.errors import setting_error
+
+        raise setting_error(f"{{neighbour_outcomes}} {k} must be below the {rows} training rows.")
     rules = QUERY_FORMATS[config.query_format]
     started = time.perf_counter()
     embedded = backbone_embedder(config, data.agents)([canonical_query(p, rules) for p in data.prompts])
     timings = {"embedding_seconds": time.perf_counter() - started}
     embeddings = embedded.vectors.astype(np.float32)
     started = time.perf_counter()
-    head = fit_probability_head(embeddings[~test], rewards[~test], seed=config.seed)
+    inputs = head_inputs(embeddings, rewards, test, config.neighbour_outcomes)
+    head = fit_probability_head(inputs[~test], rewards[~test], seed=config.seed)
     timings["fit_seconds"] = time.perf_counter() - started
-    fitted = FittedRun(data, test, how, cost_data, head, embeddings, embedded.truncation_length, timings)
+    fitted = FittedRun(data, test, how, cost_data, head, inputs, embedded.truncation_length, timings)
+    if config.neighbour_outcomes:
+        unit = embeddings[~test] / np.maximum(np.linalg.norm(embeddings[~test], axis=1, keepdims=True), 1e-12)
+        fitted.neighbours = (config.neighbour_outcomes, unit.astype(np.float32), rewards[~test].astype(np.float32))
     report, manifest, release = write_probability_run(config, fitted)
     if config.export is not None:
         export_router(config, release)
     return TrainResult(report=report, manifest=manifest, head=head)
+
+
+def head_inputs(embeddings: np.ndarray, rewards: np.ndarray, test: np.ndarray, k: int) -> np.ndarray:
+    """What the head reads for every row: the embedding, and with `k` neighbour outcomes, each agent's among the
+    k nearest training rows beside it (leave-one-out for the training rows: training/neighbours.py)."""
+    if not k:
+        return embeddings
+    from benchgen_router.training.neighbours import with_neighbour_outcomes
+
+    inputs = np.zeros((len(embeddings), embeddings.shape[1] + rewards.shape[1]), dtype=np.float32)
+    inputs[~test], inputs[test] = with_neighbour_outcomes(embeddings[~test], rewards[~test], embeddings[test], k)
+    return inputs
 
 
 @dataclass
@@ -233,6 +254,8 @@ class FittedRun:
     embeddings: np.ndarray
     truncation_length: int
     timings: dict[str, float]
+    # with neighbour outcomes: (k, the training rows' unit embeddings, their rewards), which the router keeps
+    neighbours: tuple[int, np.ndarray, np.ndarray] | None = None
 
 
 def write_probability_run(config: Any, fitted: FittedRun, extra: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
@@ -256,25 +279,28 @@ def write_probability_run(config: Any, fitted: FittedRun, extra: dict[str, Any] 
     settings = {"head_kind": "probability", "agent_costs_per_1k": costs, "tradeoff_calibration": calibration}
     records = {"probability_head": report.extra["probability_head"], **(extra or {})}
     pooling = getattr(config, "pooling", "last-layer")
+    k = fitted.neighbours[0] if fitted.neighbours else 0
     manifest = make_manifest(
         agent_order=data.agents,
-        embedding_dim=int(embeddings.shape[1]),
+        embedding_dim=int(embeddings.shape[1]),  # the head's inputs, as the reference's layout reads them
         head_hidden_dim=0,
         **({"query_format": rules} if rules else {}),
         **({"pooling": pooling} if pooling != "last-layer" else {}),
+        **({"neighbour_outcomes": k} if k else {}),
         **{key: value for key, value in report.to_dict().items() if key not in records},
     )
     manifest.update(settings, **records)
     write_run(config.output_dir, manifest, head.theta())
     release = Release(
         agents=data.agents,
-        embedding_dim=int(embeddings.shape[1]),
+        embedding_dim=int(embeddings.shape[1]) - (len(data.agents) if k else 0),  # the pooled embedding
         head_hidden_dim=0,
         head=head.theta(),
         report=report,
         truncation_length=fitted.truncation_length,
         query_format=rules or None,
         pooling=pooling,
+        neighbours=fitted.neighbours,
         **settings,
     )
     return report, manifest, release
