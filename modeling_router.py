@@ -430,28 +430,19 @@ class RouterModel(PreTrainedModel):
         return model
 
     def _load_head(self, head_file: str) -> None:
-        """The head's weights, and the budget calibration and the guard's statistics if the config has them, from
-        a head-only checkpoint."""
+        """The head's weights, and the budget calibration, the neighbour outcomes' training queries and the guard's
+        statistics if the config has them, from a head-only checkpoint."""
         stored = load_file(head_file)
-        try:
-            self.head.load_state_dict({k[5:]: v for k, v in stored.items() if k.startswith("head.")}, strict=True)
-        except RuntimeError as err:
-            raise ValueError(f"{head_file} does not hold this config's head ({err}).") from None
-        self.head.to(device=self.backbone.device, dtype=torch.float32)
-        if hasattr(self, "tradeoff"):
-            calibration = {k[9:]: v for k, v in stored.items() if k.startswith("tradeoff.")}
+        parts = {"head": "head", "tradeoff": "trade-off calibration", "neighbours": "neighbour outcomes"}
+        for prefix, what in parts.items():
+            if not hasattr(self, prefix):  # the config has none
+                continue
+            part = {key[len(prefix) + 1 :]: value for key, value in stored.items() if key.startswith(prefix + ".")}
             try:
-                self.tradeoff.load_state_dict(calibration, strict=True)
+                getattr(self, prefix).load_state_dict(part, strict=True)
             except RuntimeError as err:
-                raise ValueError(f"{head_file} does not hold this config's trade-off calibration ({err}).") from None
-            self.tradeoff.to(device=self.backbone.device, dtype=torch.float32)
-        if hasattr(self, "neighbours"):
-            stored_neighbours = {k[11:]: v for k, v in stored.items() if k.startswith("neighbours.")}
-            try:
-                self.neighbours.load_state_dict(stored_neighbours, strict=True)
-            except RuntimeError as err:
-                raise ValueError(f"{head_file} does not hold this config's neighbour outcomes ({err}).") from None
-            self.neighbours.to(device=self.backbone.device, dtype=torch.float32)
+                raise ValueError(f"{head_file} does not hold this config's {what} ({err}).") from None
+            getattr(self, prefix).to(device=self.backbone.device, dtype=torch.float32)
         for name in self.guard_tensor_names:
             expected = tuple(getattr(self, name).shape)
             found = tuple(stored[name].shape) if name in stored else "nothing"
