@@ -149,8 +149,8 @@ class NeighbourOutcomes(nn.Module):
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         """(queries, D) -> (queries, agents) float32 log-odds."""
-        unit = nn.functional.normalize(embeddings.to(device=self.embeddings.device, dtype=torch.float64), dim=-1)
-        nearest = (unit @ self.embeddings.double().T).topk(self.k, dim=-1).indices
+        unit = nn.functional.normalize(embeddings.to(device=self.embeddings.device, dtype=torch.float32), dim=-1)
+        nearest = (unit @ self.embeddings.T).topk(self.k, dim=-1).indices  # float32: the stored queries, once
         p = (self.rewards.double()[nearest].sum(dim=1) + 1.0) / (self.k + 2.0)
         return torch.log(p / (1.0 - p)).float()
 
@@ -298,6 +298,11 @@ class RouterModel(PreTrainedModel):
         heads = {name: self.head_for(name) for name in dict.fromkeys(names)}  # a wrong name fails before any work
         calibration = self.calibration_values() if self.config.head_kind == "probability" else None
         rules = {text: self.config.tradeoff_rule(text, calibration) for text in dict.fromkeys(tradeoffs)}
+        if starts is not None and self.config.pooling != "last-layer":
+            raise ValueError(
+                "a packed batch (position_ids) yields the last hidden state only, and this router pools every "
+                "layer: pass the queries padded, without position_ids."
+            )
         if starts is None:
             embeddings, hidden_states = self._embed(input_ids, attention_mask, token_type_ids, output_hidden_states)
         else:
@@ -459,6 +464,8 @@ class RouterModel(PreTrainedModel):
         state_dict = self.state_dict() if state_dict is None else state_dict
         if not self.config.bundled_backbone:
             state_dict = {key: value for key, value in state_dict.items() if not key.startswith("backbone.")}
+            # Loading reads one model.safetensors: never shards (4.x cuts at 5 GB; the neighbours can be large).
+            kwargs.setdefault("max_shard_size", "1000GB")
         kwargs.pop("safe_serialization", None)
         super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
 

@@ -18,6 +18,7 @@ import numpy as np
 from benchgen_router.errors import setting_error
 from benchgen_router.files import atomic_output
 from benchgen_router.loading import backbone_router, backbone_source, effective_truncation_length, load_backbone_config
+from benchgen_router.manifest import POOLINGS
 from benchgen_router.model_code import RouterModel
 
 logger = logging.getLogger("benchgen_router")
@@ -121,6 +122,8 @@ def embed_prompts(
     from benchgen_router.routing import run_router
 
     _check_chunk_prompts(chunk_prompts)
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
     text_config = load_backbone_config(backbone, revision)
     effective = effective_truncation_length(text_config, truncation_length)
     dim = text_config.hidden_size * (text_config.num_hidden_layers + 1 if pooling == "every-layer" else 1)

@@ -109,3 +109,22 @@ def test_the_package_and_the_remote_code_name_the_same_poolings():
     from benchgen_router.model_code import RouterConfig
 
     assert inspect.getmodule(RouterConfig).POOLINGS == POOLINGS
+
+
+def test_a_packed_batch_is_refused_by_an_every_layer_router_in_one_line(trained):
+    """A packed pass yields the last hidden state only: an every-layer router refuses it with the fix, rather
+    than failing in its head's matrix product."""
+    router = trained[1]
+    model = AutoModel.from_pretrained(router, trust_remote_code=True)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with pytest.raises(ValueError, match="pass the queries padded, without position_ids") as raised:
+        model(input_ids=ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]))
+    assert "\n" not in str(raised.value)
+
+
+def test_an_unknown_pooling_is_refused_before_any_cache_is_read(backbone_dir, tmp_path):
+    from benchgen_router.embeddings import embed_prompts
+
+    with pytest.raises(ValueError, match="pooling must be one of last-layer, every-layer, got 'every-layers'"):
+        embed_prompts(["a question"], str(backbone_dir), AGENTS, cache_dir=tmp_path, pooling="every-layers")
+    assert not any(tmp_path.iterdir())
