@@ -11,12 +11,13 @@ import os
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
+from transformers import __version__ as transformers_version
 
 DEFAULT_TRUNCATION_LENGTH = 1024  # the reference embeds with truncation=True, max_length=1024
-DEFAULT_TRADEOFF = "tolerance=0"
+DEFAULT_TRADEOFF = "tolerance=0"  # a probability head with no trade-off given: the most likely agent
 # What the head reads: the mean of the last hidden state (the reference's), or the means of every hidden state
 # the backbone returns (its input embeddings', then each layer's), side by side.
-POOLINGS = ("last-layer", "every-layer")  # a probability head with no trade-off given: the most likely agent
+POOLINGS = ("last-layer", "every-layer")
 TRADEOFF_FORMS = "tolerance=T (0-1), lambda=L (>= 0), budget=X (0-1) or budget=X@AGENT, usd-per-1k=Y (>= 0)"
 AUTO_MAP = {
     "AutoConfig": "configuration_router.RouterConfig",
@@ -102,7 +103,7 @@ class RouterConfig(PretrainedConfig):
         **kwargs: Any,
     ) -> None:
         if isinstance(text_config, dict):
-            text_config = dict(text_config)
+            text_config = rope_for_this_version(dict(text_config))
             if "model_type" not in text_config:
                 raise ValueError("text_config needs a 'model_type' (for example 'qwen3').")
             text_config = AutoConfig.for_model(text_config.pop("model_type"), **text_config)
@@ -224,9 +225,11 @@ class RouterConfig(PretrainedConfig):
         probability head, the default trade-off, the pooling (each a ValueError naming the valid forms)."""
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling {self.pooling!r} is not one of {', '.join(POOLINGS)}.")
-        if self.neighbour_outcomes and not 0 < self.neighbour_outcomes <= self.neighbour_rows:
+        k, rows = self.neighbour_outcomes, self.neighbour_rows
+        if not isinstance(k, int) or isinstance(k, bool) or not (k == 0 or 0 < k <= rows):
             raise ValueError(
-                f"neighbour_outcomes ({self.neighbour_outcomes}) needs as many neighbour_rows ({self.neighbour_rows})."
+                f"neighbour_outcomes must be 0 (none) or a whole number of neighbours up to the {rows} stored "
+                f"training queries (neighbour_rows), got {k!r}."
             )
         self.check_operating_point(self.operating_point)
         if self.tradeoff is not None:
@@ -248,6 +251,21 @@ class RouterConfig(PretrainedConfig):
     def head_input_dim(self) -> int:
         """What the head reads: the embedding, and with neighbour outcomes one number per agent beside it."""
         return self.embedding_dim + (len(self.id2label) if self.neighbour_outcomes else 0)
+
+
+def rope_for_this_version(text_config: dict[str, Any]) -> dict[str, Any]:
+    """A backbone config as this transformers reads it. transformers 5 writes a RoPE model's settings as
+    `rope_parameters`; 4.x reads `rope_theta` and `rope_scaling`, and without them would run a router exported
+    on 5 with its own default theta (Qwen3's 1e6 became 1e4)."""
+    rope = text_config.get("rope_parameters")
+    if int(transformers_version.split(".")[0]) >= 5 or not isinstance(rope, dict) or "rope_theta" in text_config:
+        return text_config
+    scaling = {key: value for key, value in rope.items() if key != "rope_theta"}
+    if scaling.get("rope_type", "default") != "default":
+        text_config.setdefault("rope_scaling", scaling)
+    if "rope_theta" in rope:
+        text_config["rope_theta"] = rope["rope_theta"]
+    return text_config
 
 
 def parse_tradeoff(text: str, agents: list[str], costs_per_1k: list[float]) -> tuple[str, float, int]:

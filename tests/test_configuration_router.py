@@ -105,3 +105,19 @@ def test_an_operating_point_that_is_not_a_name_is_a_value_error(name):
     config = router_config(operating_points={"quality": {"cost_weight": 0, "latency_weight": 0}})
     with pytest.raises(ValueError, match="is not one of this router's: quality"):
         config.check_operating_point(name)
+
+
+def test_a_backbone_written_by_transformers_5_keeps_its_rope_theta_on_either_line():
+    """transformers 5 writes a Qwen3 backbone's RoPE settings only as `rope_parameters`; 4.x read the router's
+    backbone at its own default theta (1e4 for 1e6), and every embedding changed. The rotary frequencies the
+    backbone is built with are the written theta's on 4.x and 5.x alike."""
+    import torch
+
+    from modeling_router import RouterModel
+
+    head_dim = 8
+    written = {**TEXT, "head_dim": head_dim, "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}}
+    config = RouterConfig(text_config=written, id2label=dict(enumerate(AGENTS)))
+    frequencies = RouterModel(config).backbone.rotary_emb.inv_freq
+    expected = 1.0 / (1_000_000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    torch.testing.assert_close(frequencies.double(), expected, rtol=1e-5, atol=0)
