@@ -178,7 +178,12 @@ def test_a_service_whose_journal_disk_is_full_keeps_answering_and_says_so(tmp_pa
         finally:
             http.close()
             os.killpg(served.pid, signal.SIGINT)
-            served.wait(timeout=120)
+            try:
+                served.wait(timeout=120)
+            except subprocess.TimeoutExpired:  # never leave a service running behind a failed test
+                os.killpg(served.pid, signal.SIGKILL)
+                served.wait()
+                raise
     lines = log.read_text(errors="replace").splitlines()
     stopped = [line for line in lines if "cannot write (No space left on device)" in line]
     assert len(stopped) == 1 and "not being written" in stopped[0]  # (its level: test_serving_journal.py)

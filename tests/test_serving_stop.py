@@ -79,9 +79,14 @@ class Served:
         assert "Traceback" not in self.log_path.read_text()
 
     def kill(self) -> None:
+        """Whatever is left after a failed test, killed: the command's group, and each process it had started
+        (so that no service outlives the test to hold a port the next one asks for)."""
         if self.child.poll() is None:
             os.killpg(self.child.pid, signal.SIGKILL)
             self.child.wait()
+        for process in self.processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
 
 def route(url: str, queries: list[str]) -> tuple[int, dict]:
