@@ -31,6 +31,8 @@ except ImportError:
 
 logger = logging.getLogger(__name__)
 
+# The parts of a router that are buffers only (a probability head's calibration, the neighbours' queries).
+_BUFFER_PARTS = ("tradeoff", "neighbours")
 # from_pretrained() arguments that describe the router repository, not the backbone's.
 _ROUTER_ONLY_KWARGS = ("revision", "subfolder", "trust_remote_code", "code_revision", "_from_auto", "_from_pipeline")
 _ROUTER_ONLY_KWARGS += ("_commit_hash", "adapter_kwargs", "output_loading_info")
@@ -151,7 +153,7 @@ class NeighbourOutcomes(nn.Module):
         """(queries, D) -> (queries, agents) float32 log-odds."""
         unit = nn.functional.normalize(embeddings.to(device=self.embeddings.device, dtype=torch.float32), dim=-1)
         nearest = (unit @ self.embeddings.T).topk(self.k, dim=-1).indices  # float32: the stored queries, once
-        p = (self.rewards.double()[nearest].sum(dim=1) + 1.0) / (self.k + 2.0)
+        p = (self.rewards[nearest].double().sum(dim=1) + 1.0) / (self.k + 2.0)
         return torch.log(p / (1.0 - p)).float()
 
 
@@ -202,7 +204,7 @@ class RouterModel(PreTrainedModel):
             self.neighbours = NeighbourOutcomes(*sizes)
         # transformers 5 keeps a listed module's buffers in float32 as it loads a bundled router; 4.x refuses to
         # list a module without parameters (these two are buffers). Loading casts them to float32 after.
-        buffers = [name for name in ("tradeoff", "neighbours") if hasattr(self, name)]
+        buffers = [name for name in _BUFFER_PARTS if hasattr(self, name)]
         if buffers and int(transformers_version.split(".")[0]) >= 5:
             self._keep_in_fp32_modules = self._keep_in_fp32_modules_strict = ["head", *buffers]
         self.post_init()
@@ -418,7 +420,7 @@ class RouterModel(PreTrainedModel):
             model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
             router = model[0] if isinstance(model, tuple) else model  # a tuple with output_loading_info=True
             router.head.float()
-            for part in ("tradeoff", "neighbours"):
+            for part in _BUFFER_PARTS:
                 if hasattr(router, part):
                     getattr(router, part).float()
             for name in router.guard_tensor_names:

@@ -31,6 +31,7 @@ from benchgen_router.cli.common import (
     read_card_note,
 )
 from benchgen_router.frontier.grid import parse_operating_point
+from benchgen_router.manifest import POOLINGS
 from benchgen_router.training import DEFAULT_BACKBONE, parse_seed_list, reference_settings, train_defaults
 from benchgen_router.training.search import CMA_LIBRARIES, DEFAULT_CMA_LIBRARY, MIN_POPSIZE
 
@@ -105,7 +106,7 @@ def add_backbone_arguments(model: argparse._ArgumentGroup) -> None:
     )
     model.add_argument(
         "--pooling",
-        choices=("last-layer", "every-layer"),
+        choices=POOLINGS,
         default=DEFAULTS["pooling"],
         help="last-layer: the mean of the backbone's last hidden state (default, the reference's); every-layer: "
         "every hidden state's mean side by side, for a probability head (docs/training.md)",

@@ -216,13 +216,14 @@ def train_probability(config: Any) -> Any:
     timings = {"embedding_seconds": time.perf_counter() - started}
     embeddings = embedded.vectors.astype(np.float32)
     started = time.perf_counter()
-    inputs = head_inputs(embeddings, rewards, test, config.neighbour_outcomes)
+    inputs = head_inputs(embeddings, rewards, test, k)
     head = fit_probability_head(inputs[~test], rewards[~test], seed=config.seed)
     timings["fit_seconds"] = time.perf_counter() - started
-    fitted = FittedRun(data, test, how, cost_data, head, inputs, embedded.truncation_length, timings)
-    if config.neighbour_outcomes:
+    neighbours = None
+    if k:  # what the router keeps to find them: the training rows' unit embeddings and their rewards
         unit = embeddings[~test] / np.maximum(np.linalg.norm(embeddings[~test], axis=1, keepdims=True), 1e-12)
-        fitted.neighbours = (config.neighbour_outcomes, unit.astype(np.float32), rewards[~test].astype(np.float32))
+        neighbours = (k, unit.astype(np.float32), rewards[~test].astype(np.float32))
+    fitted = FittedRun(data, test, how, cost_data, head, inputs, embedded.truncation_length, timings, neighbours)
     report, manifest, release = write_probability_run(config, fitted)
     if config.export is not None:
         export_router(config, release)
@@ -278,7 +279,7 @@ def write_probability_run(config: Any, fitted: FittedRun, extra: dict[str, Any] 
     report.extra.update(extra or {})
     settings = {"head_kind": "probability", "agent_costs_per_1k": costs, "tradeoff_calibration": calibration}
     records = {"probability_head": report.extra["probability_head"], **(extra or {})}
-    pooling = getattr(config, "pooling", "last-layer")
+    pooling = config.pooling
     k = fitted.neighbours[0] if fitted.neighbours else 0
     manifest = make_manifest(
         agent_order=data.agents,
