@@ -114,6 +114,20 @@ def test_bad_settings_are_one_line():
     )
     with pytest.raises(InputError, match="group_folds=0"):
         run_value_benchmark(ungrouped, ValueConfig(progress=False), lambda p: embeddings)
+    with pytest.raises(InputError, match="nothing to run: pass repeats >= 1"):
+        run_value_benchmark(matrix, ValueConfig(repeats=0, group_folds=0, progress=False), lambda p: embeddings)
+
+
+def test_no_repeats_runs_the_groups_out_folds_alone():
+    """repeats=0: only the leave-groups-out folds run (a router too slow for both), and the report is theirs."""
+    matrix, embeddings = known_matrix(120)
+    config = ValueConfig(repeats=0, group_folds=3, routers=("probability",), progress=False)
+    result = run_value_benchmark(matrix, config, lambda prompts: embeddings)
+    assert [fold.kind for fold in result.folds] == ["groups-out"] * 3
+    assert sum(fold.rows for fold in result.folds) == 120
+    assert set(result_to_dict(result)["summary"]) == {"groups-out"}
+    tables = format_result(result)
+    assert "k-fold" not in tables and "### Single models (groups-out folds, held out)" in tables
 
 
 def test_a_stored_result_renders_the_same_tables_and_its_curves(result, tmp_path):

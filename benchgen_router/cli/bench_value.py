@@ -80,7 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--call-cost-unit calls counts calls: e.g. 'strong calls per 1,000 queries')",
     )
     add("--folds", type=positive_int, default=5, help="k of k-fold (default: %(default)s)")
-    add("--repeats", type=positive_int, default=3, help="k-fold repeats (default: %(default)s)")
+    add(
+        "--repeats",
+        type=_count,
+        default=3,
+        help="k-fold repeats, 0 for none: the leave-groups-out folds only (default: %(default)s)",
+    )
     add("--group-folds", type=_count, default=5, help="leave-groups-out folds, 0 for none (default: %(default)s)")
     add("--seed", type=int, default=0, help="seed of the folds and the fits (default: %(default)s)")
     add(

@@ -41,7 +41,7 @@ class ValueConfig:
     """What the benchmark runs; `benchgen-router bench value --help` describes each."""
 
     folds: int = 5
-    repeats: int = 3
+    repeats: int = 3  # k-fold repeats (0: none, the leave-groups-out folds only)
     group_folds: int = 5  # leave-groups-out folds (0: none; needs task groups)
     seed: int = 0
     routers: tuple[str, ...] = DEFAULT_ROUTERS
@@ -115,7 +115,11 @@ def run_value_benchmark(
     wrong = [name for name, values in features.items() if len(values) != len(matrix)]
     if wrong:
         raise InputError(f"feature {wrong[0]!r} has {len(features[wrong[0]])} rows for {len(matrix)} tasks.")
-    plans = [("k-fold", fold_assignments(len(matrix), config.folds, config.repeats, config.seed))]
+    if not config.repeats and not config.group_folds:
+        raise InputError("nothing to run: pass repeats >= 1 (k-fold), group_folds >= 2 (leave-groups-out) or both.")
+    plans = []
+    if config.repeats:  # 0: the leave-groups-out folds only (a router too slow for both, e.g. finetuned)
+        plans.append(("k-fold", fold_assignments(len(matrix), config.folds, config.repeats, config.seed)))
     if config.group_folds:
         if any(group is None for group in matrix.groups):
             raise InputError("leave-groups-out needs a task_group on every task; pass group_folds=0 to skip it.")
