@@ -102,28 +102,18 @@ def run_value_benchmark(
     (by name, rows in the matrix's order) that routers may read from their folds."""
     from tqdm.auto import tqdm
 
-    from benchgen_router.frontier.cv import fold_assignments
-
     unknown = sorted(set(config.routers) - set(ROUTERS))
     if unknown:
         raise InputError(f"unknown router {unknown[0]!r}; choose from {', '.join(ROUTERS)}.")
     if matrix.rewards.shape[1] < 2:
         raise InputError("a routing benchmark needs a pool of at least 2 agents.")
+    plans = fold_plans(matrix, config)  # before the embedding pass: a bad setting costs nothing
     started = time.perf_counter()
     embeddings = np.asarray((embed or _embedder(config))(list(matrix.prompts)), dtype=np.float32)
     features = features or {}
     wrong = [name for name, values in features.items() if len(values) != len(matrix)]
     if wrong:
         raise InputError(f"feature {wrong[0]!r} has {len(features[wrong[0]])} rows for {len(matrix)} tasks.")
-    if not config.repeats and not config.group_folds:
-        raise InputError("nothing to run: pass repeats >= 1 (k-fold), group_folds >= 2 (leave-groups-out) or both.")
-    plans = []
-    if config.repeats:  # 0: the leave-groups-out folds only (a router too slow for both, e.g. finetuned)
-        plans.append(("k-fold", fold_assignments(len(matrix), config.folds, config.repeats, config.seed)))
-    if config.group_folds:
-        if any(group is None for group in matrix.groups):
-            raise InputError("leave-groups-out needs a task_group on every task; pass group_folds=0 to skip it.")
-        plans.append(("groups-out", group_assignments(matrix.groups, config.group_folds, config.seed)))
     total = sum(int(assignment.max() + 1) * len(assignment) for _, assignment in plans)
     results = []
     with tqdm(total=total, desc=f"{matrix.name} folds", disable=not config.progress) as bar:
@@ -141,6 +131,23 @@ def run_value_benchmark(
     return ValueResult(
         matrix.name, list(matrix.agents), len(matrix), matrix.cost_unit, config, results, time.perf_counter() - started
     )
+
+
+def fold_plans(matrix: OutcomeMatrix, config: ValueConfig) -> list[tuple[str, np.ndarray]]:
+    """(kind, (repeats, rows) fold of each row) for each kind of folds the run asks for: k-fold unless
+    repeats is 0, leave-groups-out unless group_folds is 0."""
+    from benchgen_router.frontier.cv import fold_assignments
+
+    if not config.repeats and not config.group_folds:
+        raise InputError("nothing to run: pass repeats >= 1 (k-fold), group_folds >= 2 (leave-groups-out) or both.")
+    plans = []
+    if config.repeats:
+        plans.append(("k-fold", fold_assignments(len(matrix), config.folds, config.repeats, config.seed)))
+    if config.group_folds:
+        if any(group is None for group in matrix.groups):
+            raise InputError("leave-groups-out needs a task_group on every task; pass group_folds=0 to skip it.")
+        plans.append(("groups-out", group_assignments(matrix.groups, config.group_folds, config.seed)))
+    return plans
 
 
 def _embedder(config: ValueConfig) -> Callable[[list[str]], np.ndarray]:
